@@ -1,0 +1,1 @@
+"""hookledger: the composition root (command line, settings, service wiring)."""

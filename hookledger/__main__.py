@@ -1,0 +1,3 @@
+from hookledger.cli import main
+
+main(prog_name="hookledger")

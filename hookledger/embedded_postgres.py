@@ -1,0 +1,331 @@
+"""A private PostgreSQL server kept under ``HOOKLEDGER_HOME``.
+
+Why it exists: a merchant trying hookledger on a laptop has no database server, and the
+general webhook system never retries, so "install a database first" costs real deliveries.
+
+Design, in the order the problems appear:
+
+* **Binaries**: the self-contained ``pgserver`` wheel when it installed and its binaries run
+  for the server's OS user; otherwise ``pg_ctl`` on ``PATH``; otherwise the newest
+  ``/usr/lib/postgresql/*/bin``. With none, :class:`EmbeddedPostgresUnavailable` says how to
+  point ``HOOKLEDGER_DATABASE_URL`` at a server instead.
+* **Root**: PostgreSQL refuses to run as root, so under root the cluster belongs to a system
+  user (``hookledger`` by default, created on first use) and every server command runs as it.
+* **No network**: the server listens on a Unix socket only (no TCP port to collide with or to
+  expose); the URL carries the socket directory as ``host``.
+* **Sharing**: every process that uses the server registers its pid under ``users/`` while
+  holding an exclusive ``flock``; the last live user to leave stops the server. A process
+  that died without leaving (``kill -9``) is recognised as dead and does not keep it alive;
+  a server orphaned that way is adopted by the next process.
+* **Signals**: the server runs in its own session, so a Ctrl-C aimed at hookledger's terminal
+  does not shut the database down under in-flight appends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import importlib.util
+import os
+import pwd
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+DATABASE_NAME = "hookledger"
+SUPERUSER = "postgres"
+_PORT = 5432  # only names the socket file; nothing listens on TCP
+_SOCKET_PATH_MAX = 100  # sun_path is 108 bytes; keep room for ".s.PGSQL.5432"
+_START_TIMEOUT_S = 60
+
+
+class EmbeddedPostgresError(RuntimeError):
+    """The embedded PostgreSQL server could not be used."""
+
+
+class EmbeddedPostgresUnavailable(EmbeddedPostgresError):
+    """No PostgreSQL binaries were found for the embedded server."""
+
+
+@dataclass(frozen=True)
+class PostgresBinaries:
+    """Where ``initdb``, ``pg_ctl`` and ``postgres`` live, and who provided them."""
+
+    bin_dir: Path
+    origin: str
+
+    def tool(self, name: str) -> str:
+        return str(self.bin_dir / name)
+
+
+def _pgserver_bin_dir() -> Path | None:
+    """Find the wheel's binaries without importing it (its import has side effects)."""
+    spec = importlib.util.find_spec("pgserver")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        path = Path(location) / "pginstall" / "bin"
+        if (path / "pg_ctl").exists():
+            return path
+    return None
+
+
+def _system_bin_dirs() -> list[Path]:
+    found: list[Path] = []
+    on_path = shutil.which("pg_ctl")
+    if on_path:
+        found.append(Path(os.path.realpath(on_path)).parent)
+    versions = sorted(
+        Path("/usr/lib/postgresql").glob("*/bin"),
+        key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0,
+        reverse=True,
+    )
+    found.extend(p for p in versions if (p / "pg_ctl").exists())
+    return found
+
+
+def find_binaries(run_as: str | None) -> PostgresBinaries:
+    """Pick binaries the server's OS user can actually execute."""
+    candidates: list[PostgresBinaries] = []
+    pgserver_dir = _pgserver_bin_dir()
+    if pgserver_dir is not None:
+        candidates.append(PostgresBinaries(pgserver_dir, "pgserver wheel"))
+    candidates.extend(PostgresBinaries(d, "system") for d in _system_bin_dirs())
+    for candidate in candidates:
+        if _runs_as(candidate, run_as):
+            return candidate
+    raise EmbeddedPostgresUnavailable(
+        "no PostgreSQL server binaries found for the embedded database "
+        "(install hookledger with its 'pgserver' dependency, or the distribution's "
+        "postgresql package); or set HOOKLEDGER_DATABASE_URL=postgresql://user@host/dbname "
+        "to use a server you run yourself"
+    )
+
+
+def _runs_as(binaries: PostgresBinaries, run_as: str | None) -> bool:
+    try:
+        result = subprocess.run(
+            [binaries.tool("postgres"), "--version"],
+            capture_output=True,
+            timeout=20,
+            user=run_as,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return result.returncode == 0
+
+
+def _ensure_os_user(name: str) -> None:
+    try:
+        pwd.getpwnam(name)
+        return
+    except KeyError:
+        pass
+    useradd = shutil.which("useradd") or "/usr/sbin/useradd"
+    result = subprocess.run(
+        [useradd, "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0 and not _user_exists(name):
+        raise EmbeddedPostgresError(
+            f"running as root, the embedded PostgreSQL needs an unprivileged OS user "
+            f"{name!r} and it could not be created: {result.stderr.strip()}"
+        )
+
+
+def _user_exists(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class EmbeddedPostgres:
+    """One PostgreSQL cluster under ``home/postgres``, shared by the processes using it."""
+
+    def __init__(self, home: Path, *, os_user_when_root: str = "hookledger") -> None:
+        self.root = home.resolve() / "postgres"
+        self.data_dir = self.root / "data"
+        self.users_dir = self.root / "users"
+        self.log_file = self.root / "server.log"
+        self._lock_file = self.root / "lock"
+        self._run_as = os_user_when_root if os.geteuid() == 0 else None
+        self._registered = False
+
+    # -- public -------------------------------------------------------------------------
+
+    @property
+    def socket_dir(self) -> Path:
+        preferred = self.root / "run"
+        if len(str(preferred)) <= _SOCKET_PATH_MAX:
+            return preferred
+        digest = hashlib.sha256(str(self.root).encode()).hexdigest()[:16]
+        return Path("/tmp") / f"hookledger-{digest}"
+
+    def url(self, database: str = DATABASE_NAME) -> str:
+        return f"postgresql://{SUPERUSER}@/{database}?host={self.socket_dir}&port={_PORT}"
+
+    def start(self) -> str:
+        """Start (or join) the server and return the URL of the ``hookledger`` database."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.users_dir.mkdir(exist_ok=True)
+        with self._locked():
+            if self._run_as is not None:
+                _ensure_os_user(self._run_as)
+            binaries = find_binaries(self._run_as)
+            if not (self.data_dir / "PG_VERSION").exists():
+                self._initdb(binaries)
+            if not self._running(binaries):
+                self._start_server(binaries)
+            self._ensure_database(binaries)
+            (self.users_dir / str(os.getpid())).touch()
+            self._registered = True
+        return self.url()
+
+    def stop(self) -> None:
+        """Leave the server; stop it when no other live process is using it."""
+        if not self._registered:
+            return
+        with self._locked():
+            (self.users_dir / str(os.getpid())).unlink(missing_ok=True)
+            self._registered = False
+            if self._live_users():
+                return
+            binaries = find_binaries(self._run_as)
+            if self._running(binaries):
+                self._pg_ctl(binaries, "stop", "-m", "fast", "-w", "-t", str(_START_TIMEOUT_S))
+
+    def __enter__(self) -> str:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- internals ----------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        with open(self._lock_file, "a+") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def _live_users(self) -> list[int]:
+        live = []
+        for entry in self.users_dir.iterdir():
+            if not entry.name.isdigit():
+                continue
+            pid = int(entry.name)
+            if _pid_alive(pid):
+                live.append(pid)
+            else:
+                entry.unlink(missing_ok=True)
+        return live
+
+    def _own(self, path: Path) -> None:
+        if self._run_as is None:
+            return
+        entry = pwd.getpwnam(self._run_as)
+        os.chown(path, entry.pw_uid, entry.pw_gid)
+
+    def _initdb(self, binaries: PostgresBinaries) -> None:
+        if self.data_dir.exists():
+            shutil.rmtree(self.data_dir)  # a half-made cluster from an interrupted initdb
+        self.data_dir.mkdir(mode=0o700)
+        self._own(self.data_dir)
+        self._run(
+            binaries,
+            "initdb",
+            "-D",
+            str(self.data_dir),
+            "-U",
+            SUPERUSER,
+            "--auth=trust",
+            "--encoding=UTF8",
+            "--locale=C",
+            "--no-instructions",
+        )
+
+    def _running(self, binaries: PostgresBinaries) -> bool:
+        result = subprocess.run(
+            [binaries.tool("pg_ctl"), "status", "-D", str(self.data_dir)],
+            capture_output=True,
+            user=self._run_as,
+            check=False,
+        )
+        return result.returncode == 0
+
+    def _start_server(self, binaries: PostgresBinaries) -> None:
+        socket_dir = self.socket_dir
+        socket_dir.mkdir(mode=0o700, exist_ok=True)
+        self._own(socket_dir)
+        if not self.log_file.exists():
+            self.log_file.touch()
+        self._own(self.log_file)
+        options = (
+            f"-c listen_addresses='' -c unix_socket_directories='{socket_dir}' "
+            f"-c port={_PORT} -c max_connections=200"
+        )
+        try:
+            self._pg_ctl(
+                binaries,
+                "start",
+                "-w",
+                "-t",
+                str(_START_TIMEOUT_S),
+                "-l",
+                str(self.log_file),
+                "-o",
+                options,
+            )
+        except EmbeddedPostgresError as exc:
+            tail = self.log_file.read_text(errors="replace")[-2000:]
+            raise EmbeddedPostgresError(f"{exc}\n--- server log ---\n{tail}") from exc
+
+    def _ensure_database(self, binaries: PostgresBinaries) -> None:
+        import psycopg
+
+        with psycopg.connect(self.url("postgres"), autocommit=True) as conn:
+            exists = conn.execute(
+                "SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE_NAME,)
+            ).fetchone()
+            if not exists:
+                conn.execute(f'CREATE DATABASE "{DATABASE_NAME}"')
+
+    def _pg_ctl(self, binaries: PostgresBinaries, *args: str) -> None:
+        self._run(binaries, "pg_ctl", "-D", str(self.data_dir), *args)
+
+    def _run(self, binaries: PostgresBinaries, tool: str, *args: str) -> None:
+        result = subprocess.run(
+            [binaries.tool(tool), *args],
+            capture_output=True,
+            text=True,
+            user=self._run_as,
+            cwd=str(self.root),
+            start_new_session=True,  # keep terminal signals away from the server
+            check=False,
+        )
+        if result.returncode != 0:
+            raise EmbeddedPostgresError(
+                f"{tool} {args[0] if args else ''} failed ({binaries.origin} binaries "
+                f"in {binaries.bin_dir}): {(result.stderr or result.stdout).strip()}"
+            )

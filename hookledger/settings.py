@@ -1,0 +1,137 @@
+"""Settings, read once at the edge into one typed object.
+
+Sources, strongest first: ``HOOKLEDGER_*`` environment variables, then ``hookledger.toml``
+in the working directory (same keys, lower-case, without the prefix), then defaults. A bad
+value fails at start-up with the key's name (pydantic's error names it).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+MAX_GENERAL_WEBHOOKS = 3  # the provider allows up to three callback URLs
+
+
+def parse_named_secrets(raw: str | dict[str, Any] | None) -> dict[str, SecretStr]:
+    """Parse ``name=secret[,name=secret...]`` (or a TOML table) into named secrets."""
+    if raw is None or raw == "":
+        return {}
+    if isinstance(raw, dict):
+        pairs = [(str(k), str(v)) for k, v in raw.items()]
+    else:
+        pairs = []
+        for item in str(raw).split(","):
+            item = item.strip()
+            if not item:
+                continue
+            name, sep, secret = item.partition("=")
+            if not sep or not name.strip() or not secret:
+                # never echo the item: it holds a secret
+                raise ValueError("each entry must look like name=secret")
+            pairs.append((name.strip(), secret))
+    secrets: dict[str, SecretStr] = {}
+    for name, secret in pairs:
+        if name in secrets:
+            raise ValueError(f"name {name!r} is given twice")
+        if not name.replace("-", "").replace("_", "").isalnum():
+            raise ValueError(f"name {name!r} may hold only letters, digits, '-' and '_'")
+        secrets[name] = SecretStr(secret)
+    return secrets
+
+
+class Settings(BaseSettings):
+    """Every knob of hookledger; names match CONTRACT.md's environment variables."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="HOOKLEDGER_",
+        toml_file="hookledger.toml",
+        extra="forbid",
+        case_sensitive=False,
+    )
+
+    database_url: str | None = None
+    home: Path = Path("./.hookledger")
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    general_secrets: Annotated[dict[str, SecretStr], NoDecode] = Field(default_factory=dict)
+    chat_secrets: Annotated[dict[str, SecretStr], NoDecode] = Field(default_factory=dict)
+    api_base_url: str | None = None
+    api_key: SecretStr | None = None
+    admin_token: SecretStr | None = None
+    provider_timezone: str = "Africa/Dar_es_Salaam"
+    chat_tolerance_s: int = Field(default=300, gt=0)
+    rotation_grace_s: int = Field(default=600, ge=0)
+    resolution_window_s: int = Field(default=90, gt=0)
+    reconcile_interval_s: int = Field(default=60, gt=0)
+    # additions (documented in the README)
+    max_body_bytes: int = Field(default=1024 * 1024, gt=0)
+    log_format: str = Field(default="auto", pattern="^(auto|json|console)$")
+    log_level: str = Field(default="info", pattern="^(debug|info|warning|error)$")
+    embedded_os_user: str = "hookledger"
+    db_pool_size: int = Field(default=10, gt=0)
+    append_max_batch: int = Field(default=256, gt=0)
+    append_max_wait_ms: float = Field(default=2.0, ge=0)
+
+    @field_validator("general_secrets", mode="before")
+    @classmethod
+    def _general(cls, value: Any) -> dict[str, SecretStr]:
+        secrets = parse_named_secrets(value)
+        if len(secrets) > MAX_GENERAL_WEBHOOKS:
+            raise ValueError(
+                f"at most {MAX_GENERAL_WEBHOOKS} general webhooks exist, got {len(secrets)}"
+            )
+        return secrets
+
+    @field_validator("chat_secrets", mode="before")
+    @classmethod
+    def _chat(cls, value: Any) -> dict[str, SecretStr]:
+        return parse_named_secrets(value)
+
+    @field_validator("provider_timezone")
+    @classmethod
+    def _zone(cls, value: str) -> str:
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError) as exc:
+            raise ValueError(f"unknown time zone {value!r}") from exc
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value in (None, ""):
+            return None
+        assert value is not None
+        if not value.startswith(("postgresql://", "postgres://", "postgresql+psycopg://")):
+            raise ValueError("must be a postgresql:// URL")
+        return value
+
+    @property
+    def zone(self) -> ZoneInfo:
+        return ZoneInfo(self.provider_timezone)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls))
+
+
+def load_settings(**overrides: Any) -> Settings:
+    return Settings(**overrides)

@@ -1,0 +1,1 @@
+"""Receiving the provider's deliveries over HTTP: verify, read, append, answer."""

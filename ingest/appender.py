@@ -1,0 +1,106 @@
+"""Group commit: concurrent deliveries share one append transaction.
+
+Each request hands its event to the appender and waits for its own result. One flush runs at
+a time per process (appends are serialised in the database anyway): while it commits, new
+events queue, and the next flush takes all of them in one multi-row statement and one
+commit. Under light load a lone event is flushed at once, so no latency is added; under
+heavy load a batch forms by itself while the previous commit is in flight. An optional
+``max_wait_s`` lets a flush linger for more events when the queue is small. A request is
+answered only after the transaction holding its event has committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+
+from ledger import AppendResult, LedgerError, LedgerUnavailable, NewEvent
+
+AppendMany = Callable[[Sequence[NewEvent]], Awaitable[list[AppendResult]]]
+
+
+class BatchingAppender:
+    """Gathers concurrent appends into batches for one committing writer."""
+
+    def __init__(self, append_many: AppendMany, *, max_batch: int = 256,
+                 max_wait_s: float = 0.0) -> None:
+        self._append_many = append_many
+        self._max_batch = max_batch
+        self._max_wait_s = max_wait_s
+        self._queue: list[tuple[NewEvent, asyncio.Future[AppendResult]]] = []
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self.batches = 0
+        self.events = 0
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="hookledger-appender")
+
+    async def close(self) -> None:
+        """Flush what is queued, then stop."""
+        self._closing = True
+        self._wakeup.set()
+        if self._task is not None:
+            await self._task
+
+    async def append(self, event: NewEvent) -> AppendResult:
+        if self._closing or self._task is None:
+            raise LedgerUnavailable("the appender is not running")
+        future: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
+        self._queue.append((event, future))
+        self._wakeup.set()
+        # shield: a caller that goes away must not cancel the commit of others' events
+        return await asyncio.shield(future)
+
+    async def _run(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            if self._max_wait_s and 0 < len(self._queue) < self._max_batch:
+                await asyncio.sleep(self._max_wait_s)
+            while self._queue:
+                batch = self._queue[: self._max_batch]
+                del self._queue[: self._max_batch]
+                await self._flush(batch)
+            if self._closing:
+                return
+
+    async def _flush(self, batch: list[tuple[NewEvent, asyncio.Future[AppendResult]]]) -> None:
+        events = [event for event, _ in batch]
+        try:
+            results = await self._append_many(events)
+        except LedgerUnavailable as exc:
+            for _, future in batch:
+                _settle(future, exc=exc)
+            return
+        except LedgerError:
+            if len(batch) == 1:
+                raise_into = batch[0][1]
+                _settle(raise_into, exc=LedgerError("the database refused this event"))
+                return
+            # one bad event must not sink the others: retry each on its own
+            for item in batch:
+                await self._flush([item])
+            return
+        except BaseException as exc:  # noqa: BLE001 - never leave a request hanging
+            for _, future in batch:
+                _settle(future, exc=LedgerUnavailable(f"append failed: {type(exc).__name__}"))
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return
+        self.batches += 1
+        self.events += len(batch)
+        for (_, future), result in zip(batch, results, strict=True):
+            _settle(future, result=result)
+
+
+def _settle(future: asyncio.Future[AppendResult], *, result: AppendResult | None = None,
+            exc: BaseException | None = None) -> None:
+    if future.done():
+        return
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        assert result is not None
+        future.set_result(result)

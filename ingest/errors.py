@@ -1,0 +1,25 @@
+"""Errors of ingest. Each refusal carries a stable ``reason`` recorded with the delivery.
+
+    IngestError
+    ├── BodyError           a verified body that cannot be taken (HTTP 400)
+    └── BodyTooLarge        a body over the size limit (HTTP 413)
+"""
+
+from __future__ import annotations
+
+
+class IngestError(Exception):
+    """A delivery could not be taken."""
+
+    def __init__(self, reason: str, detail: str | None = None) -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+class BodyError(IngestError):
+    """The body is not a delivery hookledger can keep."""
+
+
+class BodyTooLarge(IngestError):
+    """The body is larger than the configured limit."""

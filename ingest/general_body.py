@@ -1,0 +1,248 @@
+"""Reading a verified general (system A) body into normalised facts. Pure.
+
+What a careless reading gets wrong, and what this module does instead:
+
+* amounts are exact ``Decimal`` (never float), kept as text in the facts;
+* ``timestamp`` (``yyyymmddHHMMss``, no zone) is read in the configured provider zone; the
+  raw text is kept beside it;
+* ``transactionId`` ``-1`` (or ``"-1"``) means "no receipt": stored as absent;
+* the outcome comes from the code's band (``code % 100 >= 50`` is a failure, listed or
+  not), else from the event name, never from ``message`` text;
+* an invoice block's amounts are read from the block (``amount`` on an invoice event is
+  the invoice TOTAL, never money received); a block on ``payment.confirmed`` (a part
+  payment against an invoice) is read too;
+* an event name that is not in the spec's table, or none at all (the dashboard's ping), is
+  kept and flagged ``recognised: false`` under event type ``general.unrecognised``, so that
+  no projection applies it blindly;
+* ``payloadSignature`` is deprecated and never trusted.
+
+The dedupe key
+--------------
+One reference legitimately carries several events (confirmed then refunded; created, many
+updates, paid), so the reference alone is not a dedupe key. A duplicate is *the same event
+about the same subject in the same state*. The key is the SHA-256 of the body's canonical
+form (keys sorted, numbers normalised so ``1000`` and ``1000.00`` agree) **without** the
+fields that can differ between copies of one event: ``payloadSignature`` (per delivery),
+``message`` (may be reworded or translated) and ``timestamp`` (a repeated callback may be
+stamped anew). So the same event arriving through all three registered URLs, or repeated,
+is one ledger event, while any change of state (event, status, code, amount, invoice
+amounts, transaction id...) is a new one. Two saves of an invoice that change nothing fold
+into one, which loses no information.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from ingest.codes import CODES, GENERAL_EVENTS, is_failure_code, outcome, outcome_of_event
+from ingest.errors import BodyError
+
+UNRECOGNISED_EVENT_TYPE = "general.unrecognised"
+VOLATILE_FIELDS = frozenset({"payloadSignature", "message", "timestamp"})
+TIMESTAMP_FORMAT = "%Y%m%d%H%M%S"
+MAX_TEXT = 512  # a reference or name longer than this is not a real one
+
+
+@dataclass(frozen=True, slots=True)
+class GeneralDelivery:
+    """A verified general delivery, read."""
+
+    event_type: str
+    stream: str
+    dedupe_key: str
+    occurred_at: datetime | None
+    facts: dict[str, Any]
+
+
+def _canonical(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _canonical(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_canonical(v) for v in value]
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int | Decimal):
+        return {"#n": format(Decimal(value).normalize(), "f")}
+    return value
+
+
+def dedupe_key(body: dict[str, Any]) -> str:
+    significant = {k: v for k, v in body.items() if k not in VOLATILE_FIELDS}
+    text = json.dumps(_canonical(significant), sort_keys=True, separators=(",", ":"),
+                      ensure_ascii=False)
+    return "general:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+# -- typed field readers: each raises BodyError naming the field ---------------------------
+
+def _text(body: dict[str, Any], key: str, *, required: bool = False,
+          where: str = "") -> str | None:
+    value = body.get(key)
+    if value is None:
+        if required:
+            raise BodyError("missing_field", f"{where}{key} is required")
+        return None
+    if not isinstance(value, str):
+        raise BodyError("invalid_field", f"{where}{key} must be a string")
+    if len(value) > MAX_TEXT:
+        raise BodyError("invalid_field", f"{where}{key} is longer than {MAX_TEXT}")
+    return value
+
+
+def _number(body: dict[str, Any], key: str, *, required: bool = False,
+            where: str = "") -> Decimal | None:
+    value = body.get(key)
+    if value is None:
+        if required:
+            raise BodyError("missing_field", f"{where}{key} is required")
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | Decimal):
+        raise BodyError("invalid_field", f"{where}{key} must be a number")
+    amount = Decimal(value)
+    if amount < 0:
+        raise BodyError("invalid_field", f"{where}{key} must not be negative")
+    if abs(amount.adjusted()) > 15:
+        raise BodyError("invalid_field", f"{where}{key} is out of range for money")
+    return amount
+
+
+def _code(body: dict[str, Any]) -> int | None:
+    value = body.get("code")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BodyError("invalid_field", "code must be an integer")
+    if not 90000 <= value <= 99999:
+        raise BodyError("invalid_field", "code must be a five-digit webhook event code")
+    return value
+
+
+def _object(body: dict[str, Any], key: str) -> dict[str, Any] | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise BodyError("invalid_field", f"{key} must be an object")
+    return value
+
+
+def parse_timestamp(raw: str, zone: ZoneInfo) -> datetime:
+    """``yyyymmddHHMMss`` in the provider's zone, as an aware datetime."""
+    if len(raw) != 14 or not raw.isdigit():
+        raise BodyError("invalid_field", "timestamp must be yyyymmddHHMMss")
+    try:
+        naive = datetime.strptime(raw, TIMESTAMP_FORMAT)
+    except ValueError as exc:
+        raise BodyError("invalid_field", "timestamp is not a real date and time") from exc
+    return naive.replace(tzinfo=zone)
+
+
+def _transaction_id(body: dict[str, Any]) -> str | None:
+    value = body.get("transactionId")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise BodyError("invalid_field", "transactionId must be a string")
+    text = str(value).strip()
+    if text in ("", "-1"):
+        return None  # "-1" is the provider's "no receipt issued", not an id
+    if len(text) > MAX_TEXT:
+        raise BodyError("invalid_field", f"transactionId is longer than {MAX_TEXT}")
+    return text
+
+
+def _money(value: Decimal | None) -> str | None:
+    return None if value is None else format(value, "f")
+
+
+def _invoice_facts(block: dict[str, Any]) -> dict[str, Any]:
+    where = "invoice."
+    return {
+        "invoice_no": _text(block, "invoiceNo", where=where),
+        "total": _money(_number(block, "total", where=where)),
+        "amount_paid": _money(_number(block, "amountPaid", where=where)),
+        "amount_due": _money(_number(block, "amountDue", where=where)),
+        "currency": _text(block, "currency", where=where),
+        "due_date": _text(block, "dueDate", where=where),
+        "paid_date": _text(block, "paidDate", where=where),
+        "payment_reference": _text(block, "paymentReference", where=where),
+    }
+
+
+def _customer_facts(block: dict[str, Any] | None) -> dict[str, Any]:
+    if block is None:
+        return {}
+    where = "customer."
+    return {
+        "first_name": _text(block, "firstname", where=where),
+        "last_name": _text(block, "lastname", where=where),
+        "phone_number": _text(block, "phoneNumber", where=where),
+        "mno": _text(block, "mno", where=where),
+    }
+
+
+def read_general(body: dict[str, Any], zone: ZoneInfo) -> GeneralDelivery:
+    """Normalise a verified body; raise :class:`BodyError` when a known event is malformed."""
+    key = dedupe_key(body)
+    event = body.get("event")
+    if not isinstance(event, str) or event not in GENERAL_EVENTS:
+        return _unrecognised(body, event, key)
+
+    service, subject = GENERAL_EVENTS[event]
+    reference = _text(body, "reference", required=True)
+    assert reference is not None
+    if not reference.strip():
+        raise BodyError("invalid_field", "reference must not be empty")
+    raw_timestamp = _text(body, "timestamp", required=True)
+    assert raw_timestamp is not None
+    occurred_at = parse_timestamp(raw_timestamp, zone)
+    amount = _number(body, "amount", required=True)
+    code = _code(body)
+    customer = _object(body, "customer")
+    invoice = _object(body, "invoice")
+    known = CODES.get(code) if code is not None else None
+
+    facts: dict[str, Any] = {
+        "recognised": True,
+        "event": event,
+        "service": service,
+        "subject": subject,
+        "reference": reference,
+        "customer_reference": _text(body, "customerReference"),
+        "amount": _money(amount),
+        "type": _text(body, "type"),
+        "merchant_account_id": _text(body, "merchantAccountId"),
+        "status": _text(body, "status"),
+        "code": code,
+        "code_known": known is not None,
+        "outcome": outcome(event, code),
+        "code_event_conflict": (
+            code is not None and (is_failure_code(code) != (outcome_of_event(event) == "failure"))
+        ),
+        "transaction_id": _transaction_id(body),
+        "message": _text(body, "message"),
+        "timestamp_raw": raw_timestamp,
+        "occurred_at": occurred_at.isoformat(),
+        "customer": _customer_facts(customer),
+        "invoice": _invoice_facts(invoice) if invoice is not None else None,
+    }
+    return GeneralDelivery(event, f"{subject}:{reference}", key, occurred_at, facts)
+
+
+def _unrecognised(body: dict[str, Any], event: Any, key: str) -> GeneralDelivery:
+    reference = body.get("reference")
+    usable = isinstance(reference, str) and reference.strip() and len(reference) <= MAX_TEXT
+    reference = reference if usable else None
+    facts = {
+        "recognised": False,
+        "event": event if isinstance(event, str) else None,
+        "reference": reference,
+    }
+    stream = f"unrecognised:{reference}" if reference else f"unrecognised:{key[8:24]}"
+    return GeneralDelivery(UNRECOGNISED_EVENT_TYPE, stream, key, None, facts)

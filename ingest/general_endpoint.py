@@ -1,0 +1,129 @@
+"""``POST /webhooks/general/{name}``: verify, read, append, and only then answer 200.
+
+Order matters: the signature is checked over the exact raw bytes before anything is parsed;
+the answer is 200 only after the event's transaction committed (the provider never
+retries, so a 200 for something not durable would lose it for good).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from zoneinfo import ZoneInfo
+
+import structlog
+from psycopg_pool import AsyncConnectionPool
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from ingest import general_signature, responses
+from ingest.appender import BatchingAppender
+from ingest.body import read_limited
+from ingest.errors import BodyError, BodyTooLarge
+from ingest.general_body import read_general
+from ingest.headers import safe_headers
+from ingest.json_body import parse_object
+from ingest.metrics import IngestMetrics
+from ingest.rejections import Refusal, record
+from ledger import LedgerError, NewEvent
+
+SYSTEM = "general"
+SIGNATURE_HEADER = "x-service-signature"
+
+log = structlog.get_logger("hookledger.ingest")
+
+
+class GeneralEndpoint:
+    """Receives system A deliveries for up to three named webhooks, each with its secret."""
+
+    def __init__(self, *, secrets: Mapping[str, bytes], zone: ZoneInfo, max_body_bytes: int,
+                 appender: BatchingAppender, pool: AsyncConnectionPool,
+                 metrics: IngestMetrics) -> None:
+        self._secrets = dict(secrets)
+        self._zone = zone
+        self._max_body = max_body_bytes
+        self._appender = appender
+        self._pool = pool
+        self._metrics = metrics
+
+    async def __call__(self, request: Request) -> JSONResponse:
+        received_at = datetime.now(UTC)
+        name = request.path_params["name"]
+        endpoint = f"general/{name}"
+        structlog.contextvars.clear_contextvars()
+        structlog.contextvars.bind_contextvars(endpoint=endpoint)
+        headers = safe_headers(request.headers.items())
+        encoding = request.headers.get("content-encoding", "identity").strip().lower()
+
+        def refusal(status: int, reason: str, detail: str | None, body: bytes, size: int,
+                    verified: bool) -> Refusal:
+            client = request.client.host if request.client else None
+            return Refusal(received_at, endpoint, reason, detail, verified, status, body, size,
+                           headers, client)
+
+        try:
+            body = await read_limited(request, self._max_body)
+        except BodyTooLarge as exc:
+            return await self._refuse(refusal(413, exc.reason, exc.detail, b"", 0, False))
+
+        secret = self._secrets.get(name)
+        if secret is None:
+            return await self._refuse(
+                refusal(401, "unknown_endpoint", None, body, len(body), False))
+        if encoding not in ("identity", ""):
+            return await self._refuse(refusal(415, "unsupported_content_encoding",
+                                              encoding[:64], body, len(body), False))
+        try:
+            general_signature.verify(body, request.headers.get(SIGNATURE_HEADER), secret)
+        except general_signature.GeneralSignatureError as exc:
+            return await self._refuse(refusal(401, exc.reason, None, body, len(body), False))
+
+        try:
+            parsed, text = parse_object(body)
+            delivery = read_general(parsed, self._zone)
+        except BodyError as exc:
+            return await self._refuse(refusal(400, exc.reason, exc.detail, body, len(body), True))
+
+        structlog.contextvars.bind_contextvars(
+            reference=delivery.facts.get("reference"), event=delivery.facts.get("event"))
+        event = NewEvent(
+            stream=delivery.stream,
+            event_type=delivery.event_type,
+            source=SYSTEM,
+            dedupe_key=delivery.dedupe_key,
+            payload_json=text,
+            received_at=received_at,
+            facts=delivery.facts,
+            occurred_at=delivery.occurred_at,
+            raw_body=body,
+            headers=headers,
+            endpoint=endpoint,
+            verified_by=name,
+        )
+        started = time.perf_counter()
+        try:
+            result = await self._appender.append(event)
+        except LedgerError as exc:
+            log.error("delivery.unavailable", error=str(exc))
+            return responses.unavailable()
+        self._metrics.append_seconds.observe(time.perf_counter() - started)
+        if result.duplicate:
+            self._metrics.duplicates.labels(SYSTEM).inc()
+            log.info("delivery.duplicate", position=result.position)
+        else:
+            self._metrics.accepted.labels(SYSTEM).inc()
+            log.info("delivery.accepted", position=result.position,
+                     recognised=delivery.facts["recognised"])
+        return responses.accepted(result)
+
+    async def _refuse(self, refusal: Refusal) -> JSONResponse:
+        self._metrics.refused.labels(SYSTEM, refusal.reason).inc()
+        log.warning("delivery.refused", reason=refusal.reason, detail=refusal.detail,
+                    status=refusal.http_status)
+        try:
+            await record(self._pool, refusal)
+        except Exception as exc:  # noqa: BLE001 - a refusal is answered even if not recorded
+            log.error("delivery.refusal_not_recorded", reason=refusal.reason,
+                      error=type(exc).__name__)
+        return responses.refused(refusal.http_status, refusal.reason)

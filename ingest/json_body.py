@@ -1,0 +1,93 @@
+"""Strict JSON for delivery bodies.
+
+Everything here is refused with a reason rather than stored: hookledger keeps the provider's
+body as PostgreSQL ``jsonb``, and anything jsonb would reject (NUL characters, lone
+surrogates, numbers beyond ``numeric``) would otherwise fail a whole append batch. Numbers
+are parsed as ``int``/``Decimal``, never ``float``: money stays exact.
+"""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from ingest.errors import BodyError
+
+MAX_DEPTH = 32
+MAX_NUMBER_EXPONENT = 1000  # far beyond money, far inside PostgreSQL numeric
+
+
+def _reject_constant(name: str) -> Any:
+    raise BodyError("invalid_json", f"{name} is not JSON")
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise BodyError("duplicate_json_key", f"key {key[:64]!r} appears twice")
+        result[key] = value
+    return result
+
+
+def _decimal(text: str) -> Decimal:
+    try:
+        return Decimal(text)
+    except InvalidOperation as exc:  # pragma: no cover - the scanner only passes numbers
+        raise BodyError("invalid_json", "bad number") from exc
+
+
+def _check(value: Any, depth: int) -> None:
+    if depth > MAX_DEPTH:
+        raise BodyError("too_deep", f"nested deeper than {MAX_DEPTH}")
+    if isinstance(value, str):
+        _check_text(value)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_text(key)
+            _check(item, depth + 1)
+    elif isinstance(value, list):
+        for item in value:
+            _check(item, depth + 1)
+    elif isinstance(value, Decimal):
+        if not value.is_finite() or abs(value.adjusted()) > MAX_NUMBER_EXPONENT:
+            raise BodyError("number_out_of_range", "a number is out of range")
+    elif isinstance(value, int) and not isinstance(value, bool):
+        if value.bit_length() > 3 * MAX_NUMBER_EXPONENT:
+            raise BodyError("number_out_of_range", "a number is out of range")
+
+
+def _check_text(text: str) -> None:
+    if "\x00" in text:
+        raise BodyError("nul_character", "a string holds a NUL character")
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise BodyError("invalid_unicode", "a string holds a lone surrogate") from exc
+
+
+def parse_object(raw: bytes) -> tuple[dict[str, Any], str]:
+    """Parse a body that must be one JSON object; return it and the body as text."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BodyError("invalid_utf8", f"not UTF-8 at byte {exc.start}") from exc
+    try:
+        value = json.loads(
+            text,
+            object_pairs_hook=_pairs,
+            parse_float=_decimal,
+            parse_constant=_reject_constant,
+        )
+    except BodyError:
+        raise
+    except RecursionError as exc:
+        raise BodyError("too_deep", "nested too deeply") from exc
+    except ValueError as exc:  # JSONDecodeError, and ints past Python's digit limit
+        raise BodyError("invalid_json", str(exc).split(":")[0][:200]) from exc
+    if not isinstance(value, dict):
+        raise BodyError("not_an_object", f"the body is a JSON {type(value).__name__}")
+    _check(value, 1)
+    return value, text

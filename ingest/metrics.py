@@ -1,0 +1,37 @@
+"""Prometheus metrics of ingest, on a registry owned by the app (never the global one)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+
+@dataclass(frozen=True)
+class IngestMetrics:
+    registry: CollectorRegistry
+    accepted: Counter
+    duplicates: Counter
+    refused: Counter
+    append_seconds: Histogram
+    batch_size: Histogram
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry | None = None) -> IngestMetrics:
+        registry = registry or CollectorRegistry()
+        return cls(
+            registry=registry,
+            accepted=Counter("hookledger_deliveries_accepted", "Deliveries appended to the ledger",
+                             ["system"], registry=registry),
+            duplicates=Counter("hookledger_deliveries_duplicate",
+                               "Deliveries already in the ledger", ["system"], registry=registry),
+            refused=Counter("hookledger_deliveries_refused", "Deliveries refused, by reason",
+                            ["system", "reason"], registry=registry),
+            append_seconds=Histogram(
+                "hookledger_append_seconds", "Time from a delivery's hand-off to its commit",
+                buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+                registry=registry),
+            batch_size=Histogram(
+                "hookledger_append_batch_size", "Events per group-committed append",
+                buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), registry=registry),
+        )

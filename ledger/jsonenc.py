@@ -1,0 +1,25 @@
+"""JSON text for events hookledger writes itself: Decimals exact (as strings), times ISO."""
+
+from __future__ import annotations
+
+import json
+from datetime import date, datetime
+from decimal import Decimal
+from typing import Any
+from uuid import UUID
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return format(value, "f")
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    if isinstance(value, UUID):
+        return str(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def dumps(value: Any) -> str:
+    """Serialise deterministically (sorted keys) so equal content gives equal text."""
+    return json.dumps(value, default=_default, sort_keys=True, separators=(",", ":"),
+                      ensure_ascii=False, allow_nan=False)

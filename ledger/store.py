@@ -1,0 +1,113 @@
+"""Appending to and reading from the ledger table.
+
+Writes accept the caller's connection (``append_in``) so that a consumer can append in the
+same transaction as its own output; ``append`` takes a connection from the pool and
+commits. Either way a result is returned only for committed (or joined) work.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from ledger import sqlfiles
+from ledger.errors import LedgerError, LedgerIntegrityError, LedgerUnavailable
+from ledger.jsonenc import dumps
+from ledger.records import AppendResult, NewEvent, StoredEvent
+
+
+def _sql(name: str) -> str:
+    return sqlfiles.load("ledger", name)
+
+
+def _columns(events: Sequence[NewEvent]) -> dict[str, list[Any]]:
+    return {
+        "stream": [e.stream for e in events],
+        "event_type": [e.event_type for e in events],
+        "source": [e.source for e in events],
+        "dedupe_key": [e.dedupe_key for e in events],
+        "endpoint": [e.endpoint for e in events],
+        "verified_by": [e.verified_by for e in events],
+        "raw_body": [e.raw_body for e in events],
+        "headers": [json.dumps(dict(e.headers), sort_keys=True) for e in events],
+        "payload": [e.payload_json for e in events],
+        "facts": [dumps(dict(e.facts)) for e in events],
+        "occurred_at": [e.occurred_at for e in events],
+        "received_at": [e.received_at for e in events],
+    }
+
+
+@asynccontextmanager
+async def translated_errors() -> AsyncIterator[None]:
+    """Turn driver errors into the ledger's own, so callers never import psycopg."""
+    try:
+        yield
+    except (psycopg.OperationalError, psycopg.InterfaceError) as exc:  # incl. PoolTimeout
+        raise LedgerUnavailable(f"database unavailable: {type(exc).__name__}") from exc
+    except psycopg.IntegrityError as exc:
+        raise LedgerIntegrityError(str(exc).splitlines()[0]) from exc
+    except psycopg.Error as exc:
+        raise LedgerError(f"database error: {type(exc).__name__}") from exc
+
+
+class LedgerStore:
+    """The ledger over a psycopg async connection pool."""
+
+    def __init__(self, pool: AsyncConnectionPool) -> None:
+        self._pool = pool
+
+    async def append(self, events: Sequence[NewEvent]) -> list[AppendResult]:
+        """Append events in one transaction; return when it has committed."""
+        if not events:
+            return []
+        async with translated_errors(), self._pool.connection() as conn:
+            async with conn.transaction():
+                return await append_in(conn, events)
+
+    async def read(self, after: int = 0, limit: int = 1000) -> list[StoredEvent]:
+        """Events with position greater than ``after``, in order, at most ``limit``."""
+        async with translated_errors(), self._pool.connection() as conn:
+            return await read_in(conn, after, limit)
+
+    async def head(self) -> int:
+        """The greatest position committed so far (0 for an empty ledger)."""
+        async with translated_errors(), self._pool.connection() as conn:
+            cur = await conn.execute(_sql("head"))
+            row = await cur.fetchone()
+            return int(row[0]) if row else 0
+
+
+async def append_in(conn: psycopg.AsyncConnection[Any], events: Sequence[NewEvent]
+                    ) -> list[AppendResult]:
+    """Append within the caller's transaction; results are in the order of ``events``."""
+    cur = await conn.execute(_sql("append"), _columns(events))
+    inserted: dict[str, int] = {key: pos for pos, key in await cur.fetchall()}
+    missing = [e.dedupe_key for e in events if e.dedupe_key not in inserted]
+    existing: dict[str, int] = {}
+    if missing:
+        cur = await conn.execute(_sql("positions_by_key"), {"keys": missing})
+        existing = {key: pos for key, pos in await cur.fetchall()}
+    results: list[AppendResult] = []
+    claimed: set[str] = set()
+    for event in events:
+        key = event.dedupe_key
+        if key in inserted and key not in claimed:
+            claimed.add(key)
+            results.append(AppendResult(inserted[key], duplicate=False))
+        else:
+            results.append(AppendResult(inserted.get(key) or existing[key], duplicate=True))
+    return results
+
+
+async def read_in(conn: psycopg.AsyncConnection[Any], after: int, limit: int
+                  ) -> list[StoredEvent]:
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(_sql("read_from"), {"after": after, "limit": limit})
+        rows = await cur.fetchall()
+    return [StoredEvent(**row) for row in rows]

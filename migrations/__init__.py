@@ -1,0 +1,1 @@
+"""Alembic migrations, shipped inside the distribution so an installed hookledger migrates."""

@@ -1,0 +1,1 @@
+"""Projections: pure folds of the ledger into current state (issue 5)."""

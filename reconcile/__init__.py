@@ -1,0 +1,1 @@
+"""Reconciliation against the provider's reference API (issue 6)."""
