@@ -30,10 +30,13 @@ import importlib.util
 import os
 import pwd
 import shutil
+import stat
+import sys
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 DATABASE_NAME = "hookledger"
 SUPERUSER = "postgres"
@@ -105,14 +108,22 @@ def find_binaries(run_as: str | None) -> PostgresBinaries:
     )
 
 
+def _identity(run_as: str | None) -> dict[str, Any]:
+    """subprocess arguments that drop root to ``run_as`` completely (uid, gid, no groups)."""
+    if run_as is None:
+        return {}
+    entry = pwd.getpwnam(run_as)
+    return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
+
+
 def _runs_as(binaries: PostgresBinaries, run_as: str | None) -> bool:
     try:
         result = subprocess.run(
             [binaries.tool("postgres"), "--version"],
             capture_output=True,
             timeout=20,
-            user=run_as,
             check=False,
+            **_identity(run_as),
         )
     except (OSError, subprocess.SubprocessError):
         return False
@@ -147,6 +158,23 @@ def _user_exists(name: str) -> bool:
     return True
 
 
+def _grant_search(path: Path, os_user: str) -> list[Path]:
+    """Let ``os_user`` traverse every ancestor of ``path``; return the folders changed.
+
+    Only the search bit for others (``o+x``) is added: it allows reaching a known path,
+    not listing the folder. Needed when running as root with a home under ``/root``.
+    """
+    uid = pwd.getpwnam(os_user).pw_uid
+    changed = []
+    for folder in reversed([path, *path.parents]):
+        info = folder.stat()
+        if info.st_uid == uid or info.st_mode & stat.S_IXOTH:
+            continue
+        folder.chmod(stat.S_IMODE(info.st_mode) | stat.S_IXOTH)
+        changed.append(folder)
+    return changed
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -160,7 +188,8 @@ def _pid_alive(pid: int) -> bool:
 class EmbeddedPostgres:
     """One PostgreSQL cluster under ``home/postgres``, shared by the processes using it."""
 
-    def __init__(self, home: Path, *, os_user_when_root: str = "hookledger") -> None:
+    def __init__(self, home: Path, *, os_user_when_root: str = "hookledger",
+                 server_settings: dict[str, str] | None = None) -> None:
         self.root = home.resolve() / "postgres"
         self.data_dir = self.root / "data"
         self.users_dir = self.root / "users"
@@ -168,6 +197,7 @@ class EmbeddedPostgres:
         self._lock_file = self.root / "lock"
         self._run_as = os_user_when_root if os.geteuid() == 0 else None
         self._registered = False
+        self._server_settings = dict(server_settings or {})
 
     # -- public -------------------------------------------------------------------------
 
@@ -189,6 +219,10 @@ class EmbeddedPostgres:
         with self._locked():
             if self._run_as is not None:
                 _ensure_os_user(self._run_as)
+                for folder in _grant_search(self.root, self._run_as):
+                    print(f"hookledger: allowed user {self._run_as!r} to traverse {folder} "
+                          "(o+x) so the embedded PostgreSQL can reach its data",
+                          file=sys.stderr)
             binaries = find_binaries(self._run_as)
             if not (self.data_dir / "PG_VERSION").exists():
                 self._initdb(binaries)
@@ -269,8 +303,8 @@ class EmbeddedPostgres:
         result = subprocess.run(
             [binaries.tool("pg_ctl"), "status", "-D", str(self.data_dir)],
             capture_output=True,
-            user=self._run_as,
             check=False,
+            **_identity(self._run_as),
         )
         return result.returncode == 0
 
@@ -285,6 +319,8 @@ class EmbeddedPostgres:
             f"-c listen_addresses='' -c unix_socket_directories='{socket_dir}' "
             f"-c port={_PORT} -c max_connections=200"
         )
+        for key, value in self._server_settings.items():
+            options += f" -c {key}={value}"
         try:
             self._pg_ctl(
                 binaries,
@@ -319,10 +355,10 @@ class EmbeddedPostgres:
             [binaries.tool(tool), *args],
             capture_output=True,
             text=True,
-            user=self._run_as,
             cwd=str(self.root),
             start_new_session=True,  # keep terminal signals away from the server
             check=False,
+            **_identity(self._run_as),
         )
         if result.returncode != 0:
             raise EmbeddedPostgresError(

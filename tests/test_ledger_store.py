@@ -1,0 +1,129 @@
+"""The ledger table: append, dedupe, order, immutability, and gap-safe tailing."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from datetime import UTC, datetime
+
+import psycopg
+import pytest
+from psycopg_pool import AsyncConnectionPool
+
+from ledger import LedgerStore, NewEvent
+
+pytestmark = pytest.mark.anyio
+
+
+def event(key: str, stream: str = "collection:R1", payload: str = '{"amount": 1.10}') -> NewEvent:
+    return NewEvent(stream=stream, event_type="payment.confirmed", source="general",
+                    dedupe_key=key, payload_json=payload, received_at=datetime.now(UTC),
+                    raw_body=payload.encode(), headers={"user-agent": "t"},
+                    endpoint="general/main", verified_by="main")
+
+
+async def test_append_returns_positions_in_order_and_reads_them_back(pool: AsyncConnectionPool) -> None:
+    store = LedgerStore(pool)
+    results = await store.append([event("a"), event("b"), event("c")])
+    assert [r.duplicate for r in results] == [False, False, False]
+    positions = [r.position for r in results]
+    assert positions == sorted(positions) and len(set(positions)) == 3
+    read = await store.read(after=0)
+    assert [e.dedupe_key for e in read] == ["a", "b", "c"]
+    assert read[0].raw_body == b'{"amount": 1.10}'
+    assert read[0].payload == {"amount": pytest.approx(1.10)} or read[0].payload["amount"] == 1.1
+    assert await store.head() == positions[-1]
+
+
+async def test_jsonb_payload_keeps_amounts_exact(pool: AsyncConnectionPool) -> None:
+    store = LedgerStore(pool)
+    await store.append([event("exact", payload='{"amount": 12345678901234.56}')])
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT (payload->>'amount')::numeric FROM hookledger.ledger")
+        (amount,) = await cur.fetchone()  # type: ignore[misc]
+    assert str(amount) == "12345678901234.56"
+
+
+async def test_a_known_dedupe_key_is_a_duplicate_pointing_at_the_original(
+        pool: AsyncConnectionPool) -> None:
+    store = LedgerStore(pool)
+    (first,) = await store.append([event("k1")])
+    again = await store.append([event("k2"), event("k1"), event("k2")])
+    assert again[1].duplicate and again[1].position == first.position
+    assert not again[0].duplicate
+    assert again[2].duplicate and again[2].position == again[0].position
+    assert len(await store.read(after=0)) == 2
+
+
+@pytest.mark.parametrize("statement", [
+    "UPDATE hookledger_private.ledger_events SET stream = 'x'",
+    "DELETE FROM hookledger_private.ledger_events",
+    "TRUNCATE hookledger_private.ledger_events",
+])
+async def test_the_ledger_refuses_update_delete_and_truncate(
+        pool: AsyncConnectionPool, statement: str) -> None:
+    await LedgerStore(pool).append([event("immutable")])
+    async with pool.connection() as conn:
+        with pytest.raises(psycopg.errors.RestrictViolation, match="append-only"):
+            await conn.execute(statement)
+        cur = await conn.execute("SELECT count(*), min(stream) FROM hookledger.ledger")
+        assert await cur.fetchone() == (1, "collection:R1")
+
+
+async def test_a_writer_cannot_choose_its_position(pool: AsyncConnectionPool) -> None:
+    async with pool.connection() as conn:
+        await conn.execute(
+            "INSERT INTO hookledger_private.ledger_events (position, stream, event_type, source,"
+            " dedupe_key, payload, received_at) VALUES (999999, 's', 't', 'x', 'k', '{}', now())")
+        cur = await conn.execute("SELECT position FROM hookledger.ledger")
+        assert (await cur.fetchone())[0] != 999999  # type: ignore[index]
+
+
+async def test_tailing_reader_sees_every_event_exactly_once_under_concurrent_writers(
+        db_url: str) -> None:
+    """Many writers commit out of position order while a reader tails by position."""
+    writers, per_writer = 12, 40
+    async with AsyncConnectionPool(db_url, min_size=writers + 1, max_size=writers + 2,
+                                   kwargs={"autocommit": True}) as pool:
+        store = LedgerStore(pool)
+        done = asyncio.Event()
+
+        async def write(w: int) -> None:
+            rng = random.Random(w)
+            for i in range(per_writer):
+                async with pool.connection() as conn, conn.transaction():
+                    from ledger.store import append_in
+                    await append_in(conn, [event(f"w{w}-{i}-{j}", stream=f"s{w}")
+                                           for j in range(rng.randint(1, 3))])
+                    # hold the transaction open for a random while: commits interleave
+                    await asyncio.sleep(rng.random() * 0.004)
+
+        seen: list[int] = []
+        keys: list[str] = []
+
+        async def tail() -> None:
+            last = 0
+            while True:
+                finished = done.is_set()
+                batch = await store.read(after=last, limit=7)
+                for e in batch:
+                    seen.append(e.position)
+                    keys.append(e.dedupe_key)
+                if batch:
+                    last = batch[-1].position
+                elif finished:
+                    return
+                else:
+                    await asyncio.sleep(0.001)
+
+        reader = asyncio.create_task(tail())
+        await asyncio.gather(*(write(w) for w in range(writers)))
+        done.set()
+        await reader
+        async with pool.connection() as conn:
+            cur = await conn.execute("SELECT dedupe_key FROM hookledger.ledger")
+            committed = [row[0] for row in await cur.fetchall()]
+    assert len(keys) == len(set(keys)), "an event was seen twice"
+    assert sorted(keys) == sorted(committed), "the tailing reader skipped an event"
+    assert seen == sorted(seen)
