@@ -31,8 +31,8 @@ import os
 import pwd
 import shutil
 import stat
-import sys
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path

@@ -17,6 +17,16 @@ import structlog
 MASK = "[redacted]"
 
 
+class _CurrentStderr:
+    """Writes to whatever ``sys.stderr`` is at the time (it may be replaced after start-up)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def secret_masker(secrets: Iterable[str]) -> structlog.types.Processor:
     needles = sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True)
 
@@ -34,7 +44,8 @@ def secret_masker(secrets: Iterable[str]) -> structlog.types.Processor:
     return mask
 
 
-def configure(*, fmt: str = "auto", level: str = "info", secrets: Iterable[str] = ()) -> None:
+def configure(*, fmt: str = "auto", level: str = "info", secrets: Iterable[str] = (),
+              cache: bool = True) -> None:
     use_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
     renderer: structlog.types.Processor = (
         structlog.processors.JSONRenderer() if use_json else structlog.dev.ConsoleRenderer()
@@ -50,6 +61,6 @@ def configure(*, fmt: str = "auto", level: str = "info", secrets: Iterable[str] 
         ],
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping()[level.upper()]),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-        cache_logger_on_first_use=True,
+        logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),  # type: ignore[arg-type]
+        cache_logger_on_first_use=cache,
     )

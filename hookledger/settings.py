@@ -81,7 +81,7 @@ class Settings(BaseSettings):
     embedded_os_user: str = "hookledger"
     db_pool_size: int = Field(default=10, gt=0)
     append_max_batch: int = Field(default=256, gt=0)
-    append_max_wait_ms: float = Field(default=2.0, ge=0)
+    append_max_wait_ms: float = Field(default=0.0, ge=0)
 
     @field_validator("general_secrets", mode="before")
     @classmethod

@@ -83,7 +83,7 @@ class BatchingAppender:
             for item in batch:
                 await self._flush([item])
             return
-        except BaseException as exc:  # noqa: BLE001 - never leave a request hanging
+        except BaseException as exc:
             for _, future in batch:
                 _settle(future, exc=LedgerUnavailable(f"append failed: {type(exc).__name__}"))
             if isinstance(exc, asyncio.CancelledError):

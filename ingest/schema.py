@@ -7,7 +7,17 @@ junk cannot fill the disk.
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Boolean, Column, DateTime, Identity, Index, LargeBinary, Table, Text
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Identity,
+    Index,
+    LargeBinary,
+    Table,
+    Text,
+)
 from sqlalchemy.dialects.postgresql import JSONB
 
 from ledger.schema import metadata

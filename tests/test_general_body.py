@@ -1,0 +1,186 @@
+"""Reading verified general bodies: normalised facts, dedupe key, and refusals."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ingest.errors import BodyError
+from ingest.general_body import UNRECOGNISED_EVENT_TYPE, dedupe_key, read_general
+from ingest.json_body import parse_object
+
+EAT = ZoneInfo("Africa/Dar_es_Salaam")
+
+
+def body(**overrides: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "timestamp": "20261122083000", "reference": "REF-1", "customerReference": "order-9",
+        "amount": Decimal("15000.50"), "type": "CHARGE", "merchantAccountId": "shop",
+        "status": "SUCCESSFUL", "transactionId": "TX1", "event": "payment.confirmed",
+        "service": "Collection", "message": "Paid", "code": 91000, "payloadSignature": "x",
+        "customer": {"firstname": "A", "lastname": "B", "phoneNumber": "255712345678",
+                     "mno": "Op"},
+    }
+    base.update(overrides)
+    return {k: v for k, v in base.items() if v is not None}
+
+
+def test_timestamp_is_read_in_the_provider_zone_and_kept_raw() -> None:
+    read = read_general(body(), EAT)
+    assert read.occurred_at is not None and read.occurred_at.utcoffset().total_seconds() == 3 * 3600  # type: ignore[union-attr]
+    assert read.occurred_at.isoformat() == "2026-11-22T08:30:00+03:00"
+    assert read.facts["timestamp_raw"] == "20261122083000"
+
+
+def test_amount_is_exact_text_never_float() -> None:
+    parsed, _ = parse_object(b'{"event":"payment.confirmed","reference":"R","amount":0.1,'
+                             b'"timestamp":"20260101000000","code":91000}')
+    assert read_general(parsed, EAT).facts["amount"] == "0.1"
+
+
+@pytest.mark.parametrize("tx", ["-1", -1, " -1 "])
+def test_transaction_id_minus_one_is_absent(tx: Any) -> None:
+    read = read_general(body(event="payment.failed", code=91051, amount=0, transactionId=tx), EAT)
+    assert read.facts["transaction_id"] is None
+    assert read.facts["outcome"] == "failure"
+
+
+@pytest.mark.parametrize(("event", "code", "outcome"), [
+    ("payment.confirmed", 91000, "success"),
+    ("payment.confirmed", 91001, "success"),
+    ("payment.refunded", 91010, "refunded"),
+    ("payment.failed", 91062, "failure"),
+    ("payment.failed", 91099, "failure"),      # unlisted: read by its band
+    ("payment.confirmed", 91042, "success"),   # unlisted success band
+    ("payout.approved", 92002, "pending"),
+    ("payout.failed", 92057, "failure"),
+    ("sms.failed", 94077, "failure"),
+    ("payment.confirmed", None, "success"),
+    ("payout.failed", None, "failure"),
+])
+def test_outcome_comes_from_the_code_band_then_the_event(event: str, code: int | None,
+                                                          outcome: str) -> None:
+    assert read_general(body(event=event, code=code), EAT).facts["outcome"] == outcome
+
+
+def test_a_failure_code_on_a_confirmed_event_is_a_failure_and_flagged() -> None:
+    facts = read_general(body(code=91055), EAT).facts
+    assert facts["outcome"] == "failure" and facts["code_event_conflict"] is True
+
+
+def test_invoice_block_amounts_are_read_from_the_block() -> None:
+    invoice = {"invoiceNo": "INV-7", "total": 100000, "amountPaid": Decimal("40000.00"),
+               "amountDue": Decimal("60000.00"), "currency": "TZS", "dueDate": "2026-12-01",
+               "paymentReference": "991234"}
+    facts = read_general(body(event="invoice.updated", code=93001, reference="INV-7",
+                              amount=100000, service="Invoicing", invoice=invoice), EAT).facts
+    assert facts["amount"] == "100000"  # the TOTAL, not money received
+    assert facts["invoice"]["amount_paid"] == "40000.00"
+    assert facts["invoice"]["amount_due"] == "60000.00"
+
+
+def test_a_part_payment_may_carry_an_invoice_block() -> None:
+    invoice = {"invoiceNo": "INV-7", "total": 100000, "amountPaid": 40000, "amountDue": 60000}
+    read = read_general(body(code=91001, amount=40000, invoice=invoice), EAT)
+    assert read.stream == "collection:REF-1"
+    assert read.facts["invoice"]["invoice_no"] == "INV-7"
+
+
+@pytest.mark.parametrize("payload", [
+    {"event": "webhook.test"}, {"ping": True}, {"event": "payment.exploded", "reference": "R"},
+    {"event": 42},
+])
+def test_unknown_events_and_pings_are_kept_flagged(payload: dict[str, Any]) -> None:
+    read = read_general(payload, EAT)
+    assert read.event_type == UNRECOGNISED_EVENT_TYPE
+    assert read.facts["recognised"] is False
+
+
+@pytest.mark.parametrize(("overrides", "reason"), [
+    ({"reference": None}, "missing_field"),
+    ({"reference": 12}, "invalid_field"),
+    ({"reference": "  "}, "invalid_field"),
+    ({"amount": "1000"}, "invalid_field"),
+    ({"amount": True}, "invalid_field"),
+    ({"amount": -5}, "invalid_field"),
+    ({"amount": Decimal("1e30")}, "invalid_field"),
+    ({"amount": None}, "missing_field"),
+    ({"timestamp": "2026-11-22"}, "invalid_field"),
+    ({"timestamp": "20261322083000"}, "invalid_field"),
+    ({"code": "91000"}, "invalid_field"),
+    ({"code": 123}, "invalid_field"),
+    ({"customer": "A B"}, "invalid_field"),
+    ({"invoice": {"amountDue": "0"}}, "invalid_field"),
+    ({"transactionId": {"x": 1}}, "invalid_field"),
+])
+def test_a_known_event_with_wrong_fields_is_refused(overrides: dict[str, Any],
+                                                   reason: str) -> None:
+    with pytest.raises(BodyError) as err:
+        read_general(body(**overrides), EAT)  # None removes the field
+    assert err.value.reason == reason
+
+
+@pytest.mark.parametrize(("raw", "reason"), [
+    (b"[1,2]", "not_an_object"),
+    (b'"text"', "not_an_object"),
+    (b"{", "invalid_json"),
+    (b"", "invalid_json"),
+    (b'{"a": NaN}', "invalid_json"),
+    (b'{"a": Infinity}', "invalid_json"),
+    (b'{"a": 1, "a": 2}', "duplicate_json_key"),
+    (b'{"a": "\\u0000"}', "nul_character"),
+    (b'{"a": "\\ud800"}', "invalid_unicode"),
+    (b'{"a": "\xff"}', "invalid_utf8"),
+    (b'{"a": 1e999999}', "number_out_of_range"),
+    (b'{"a": ' + b"9" * 5000 + b"}", "invalid_json"),
+    (b'{"a":' + b"[" * 100 + b"]" * 100 + b"}", "too_deep"),
+    (b'{"a":' + b"[" * 100000 + b"]" * 100000 + b"}", "too_deep"),
+])
+def test_strict_json_refusals(raw: bytes, reason: str) -> None:
+    with pytest.raises(BodyError) as err:
+        parse_object(raw)
+    assert err.value.reason == reason
+
+
+# -- the dedupe key ------------------------------------------------------------------------
+
+def test_the_same_event_through_another_endpoint_or_reworded_has_the_same_key() -> None:
+    a = body()
+    b = body(message="Imelipwa", payloadSignature="other", timestamp="20261122083005")
+    assert dedupe_key(a) == dedupe_key(b)
+
+
+def test_number_formatting_does_not_change_the_key() -> None:
+    assert dedupe_key(body(amount=Decimal("1000"))) == dedupe_key(body(amount=Decimal("1000.00")))
+
+
+@pytest.mark.parametrize("change", [
+    {"event": "payment.refunded", "code": 91010},
+    {"status": "PARTIAL", "code": 91001},
+    {"amount": Decimal("15000.51")},
+    {"transactionId": "TX2"},
+    {"invoice": {"amountPaid": 1}},
+])
+def test_a_change_of_state_on_the_same_reference_is_a_new_event(change: dict[str, Any]) -> None:
+    assert dedupe_key(body(**change)) != dedupe_key(body())
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=3)
+    | st.dictionaries(st.text(max_size=5), children, max_size=3),
+    max_leaves=10,
+)
+
+
+@given(st.dictionaries(st.text(max_size=8), json_values, max_size=6))
+def test_the_key_does_not_depend_on_field_order(payload: dict[str, Any]) -> None:
+    reordered = dict(reversed(list(payload.items())))
+    assert dedupe_key(payload) == dedupe_key(reordered)
+    assert dedupe_key(json.loads(json.dumps(payload))) == dedupe_key(payload)

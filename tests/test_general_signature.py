@@ -1,0 +1,68 @@
+"""General (system A) signature verification: known answers and every failure mode."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ingest.general_signature import GeneralSignatureError, verify
+
+# Literal vectors computed with `printf '...' | openssl dgst -sha256 -hmac KEY`, not by the
+# code under test. The first is the well-known RFC-style example.
+VECTORS = [
+    (b"key", b"The quick brown fox jumps over the lazy dog",
+     "f7bc83f430538424b13298e6aa6fb143ef4d59a14946175997479dbc2d1a3cd8"),
+    (b"k", b'{"a":1}', "c3a92ff9e274cdcce27a58c15a78ec6dcbbdbd0038a87e7a11baef2028fd8bff"),
+    (b"key", b"", "5d5d139563c95b5967b9bd9a8c9b233a9dedb45072794cd232dc1b74832607d0"),
+    (b"whsec_test_secret", b"payment.confirmed",
+     "d508a56a79fab524f86b66222fb2c965e7c1f2ebd19925465e0d4cec8cb7e85d"),
+]
+
+
+@pytest.mark.parametrize(("secret", "body", "digest"), VECTORS)
+def test_known_answer_vectors_verify(secret: bytes, body: bytes, digest: str) -> None:
+    verify(body, f"sha256={digest}", secret)
+    verify(body, f"sha256={digest.upper()}", secret)  # hex case is not significant
+
+
+@pytest.mark.parametrize(("secret", "body", "digest"), VECTORS)
+def test_a_changed_byte_or_secret_fails(secret: bytes, body: bytes, digest: str) -> None:
+    with pytest.raises(GeneralSignatureError) as err:
+        verify(body + b" ", f"sha256={digest}", secret)
+    assert err.value.reason == "bad_signature"
+    with pytest.raises(GeneralSignatureError):
+        verify(body, f"sha256={digest}", secret + b"x")
+
+
+def test_reserialised_json_does_not_verify() -> None:
+    """The signature covers the exact bytes: the same JSON with other spacing fails."""
+    with pytest.raises(GeneralSignatureError):
+        verify(b'{"a": 1}', "sha256=" + VECTORS[1][2], b"k")
+
+
+@pytest.mark.parametrize(("header", "reason"), [
+    (None, "missing_signature"),
+    ("", "missing_signature"),
+    ("   ", "missing_signature"),
+    ("c3a92ff9e274cdcce27a58c15a78ec6dcbbdbd0038a87e7a11baef2028fd8bff", "malformed_signature"),
+    ("sha1=c3a92ff9e274cdcce27a58c15a78ec6dcbbdbd0038a87e7a11baef2028fd8bff",
+     "malformed_signature"),
+    ("sha256=", "malformed_signature"),
+    ("sha256=c3a92ff9", "malformed_signature"),
+    ("sha256=" + "z" * 64, "malformed_signature"),
+    ("sha256=" + "0" * 65, "malformed_signature"),
+    ("sha256=" + "0" * 64, "bad_signature"),
+])
+def test_refusal_reasons(header: str | None, reason: str) -> None:
+    with pytest.raises(GeneralSignatureError) as err:
+        verify(b'{"a":1}', header, b"k")
+    assert err.value.reason == reason
+
+
+@given(body=st.binary(max_size=512), header=st.one_of(st.none(), st.text(max_size=100)))
+def test_arbitrary_input_only_ever_fails_with_a_reason(body: bytes, header: str | None) -> None:
+    try:
+        verify(body, header, b"secret")
+    except GeneralSignatureError as exc:
+        assert exc.reason in {"missing_signature", "malformed_signature", "bad_signature"}

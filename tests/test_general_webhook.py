@@ -1,0 +1,201 @@
+"""POST /webhooks/general/{name} through a real HTTP server and a real database."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+
+from tests.general_events import SPEC_EVENTS, encode, general_body
+from tests.live import running_service
+from tests.signing import general_header
+
+SECRETS = {"primary": "whsec-primary-1", "backup": "whsec-backup-2", "third": "whsec-third-3"}
+
+
+@pytest.fixture
+def service(db_url: str) -> Iterator[str]:
+    with running_service(db_url, general_secrets=",".join(f"{k}={v}" for k, v in
+                                                          SECRETS.items()),
+                         max_body_bytes=64 * 1024) as base:
+        yield base
+
+
+def post(base: str, name: str, raw: bytes, *, secret: str | None = None,
+         headers: dict[str, str] | None = None) -> httpx.Response:
+    sent = {"content-type": "application/json"}
+    if secret is not None:
+        sent["x-service-signature"] = general_header(secret, raw)
+    sent.update(headers or {})
+    return httpx.post(f"{base}/webhooks/general/{name}", content=raw, headers=sent, timeout=10)
+
+
+def rows(db_url: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    with psycopg.connect(db_url) as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+@pytest.mark.parametrize(("event", "code", "overrides", "outcome"), SPEC_EVENTS)
+def test_every_spec_event_is_accepted_and_stored_normalised(
+        service: str, db_url: str, event: str, code: int, overrides: dict[str, Any],
+        outcome: str) -> None:
+    reference = f"REF-{event}-{code}"
+    raw = encode(general_body(event, code, reference=reference, **overrides))
+    answer = post(service, "primary", raw, secret=SECRETS["primary"])
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["duplicate"] is False
+    [(stream, event_type, source, payload, facts, raw_body, verified_by, occurred)] = rows(
+        db_url, "SELECT stream, event_type, source, payload, facts, raw_body, verified_by, "
+                "occurred_at FROM hookledger.ledger")
+    assert event_type == event and source == "general" and verified_by == "primary"
+    assert stream.endswith(":" + reference)
+    assert bytes(raw_body) == raw
+    assert payload["code"] == code
+    assert facts["outcome"] == outcome and facts["code"] == code
+    assert occurred.isoformat() == "2026-11-22T05:30:00+00:00"
+    if overrides.get("transaction_id") == "-1":
+        assert facts["transaction_id"] is None
+    if "invoice" in overrides:
+        assert facts["invoice"]["amount_due"] == str(overrides["invoice"]["amountDue"])
+
+
+def test_the_same_event_through_all_three_endpoints_is_one_ledger_event(
+        service: str, db_url: str) -> None:
+    raw = encode(general_body("payment.confirmed", 91000, reference="R-3X"))
+    answers = [post(service, name, raw, secret=secret) for name, secret in SECRETS.items()]
+    assert [a.status_code for a in answers] == [200, 200, 200]
+    assert [a.json()["duplicate"] for a in answers] == [False, True, True]
+    assert len({a.json()["position"] for a in answers}) == 1
+    assert rows(db_url, "SELECT count(*) FROM hookledger.ledger") == [(1,)]
+
+
+def test_concurrent_copies_of_one_event_make_one_ledger_event(service: str, db_url: str) -> None:
+    raw = encode(general_body("payment.confirmed", 91000, reference="R-RACE"))
+
+    async def storm() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=10) as client:
+            return await asyncio.gather(*(
+                client.post(f"{service}/webhooks/general/{name}", content=raw,
+                            headers={"x-service-signature": general_header(secret, raw)})
+                for _ in range(10) for name, secret in SECRETS.items()))
+
+    answers = asyncio.run(storm())
+    assert all(a.status_code == 200 for a in answers)
+    assert sum(not a.json()["duplicate"] for a in answers) == 1
+    assert rows(db_url, "SELECT count(*) FROM hookledger.ledger") == [(1,)]
+
+
+def test_distinct_events_on_one_reference_are_all_kept(service: str, db_url: str) -> None:
+    invoice = {"invoiceNo": "INV-9", "total": 900, "currency": "TZS"}
+    sequence = [
+        general_body("invoice.created", 93000, reference="INV-9", amount=900,
+                     invoice={**invoice, "amountPaid": 0, "amountDue": 900}),
+        general_body("invoice.updated", 93001, reference="INV-9", amount=900,
+                     invoice={**invoice, "amountPaid": 300, "amountDue": 600}),
+        general_body("invoice.updated", 93001, reference="INV-9", amount=900,
+                     invoice={**invoice, "amountPaid": 600, "amountDue": 300}),
+        general_body("invoice.paid", 93002, reference="INV-9", amount=900,
+                     invoice={**invoice, "amountPaid": 900, "amountDue": 0}),
+        general_body("payment.confirmed", 91000, reference="PAY-9"),
+        general_body("payment.refunded", 91010, reference="PAY-9"),
+    ]
+    for body in sequence:
+        answer = post(service, "primary", encode(body), secret=SECRETS["primary"])
+        assert answer.json()["duplicate"] is False
+    assert rows(db_url, "SELECT event_type FROM hookledger.ledger") == [
+        ("invoice.created",), ("invoice.updated",), ("invoice.updated",), ("invoice.paid",),
+        ("payment.confirmed",), ("payment.refunded",)]
+
+
+def test_a_ping_or_unknown_event_is_answered_200_and_kept_flagged(service: str,
+                                                                   db_url: str) -> None:
+    for raw in (b'{"test": true}', encode({"event": "payment.teleported", "reference": "X"})):
+        assert post(service, "backup", raw, secret=SECRETS["backup"]).status_code == 200
+    kept = rows(db_url, "SELECT event_type, facts->>'recognised' FROM hookledger.ledger")
+    assert kept == [("general.unrecognised", "false"), ("general.unrecognised", "false")]
+
+
+@pytest.mark.parametrize(("name", "raw", "headers", "status", "reason"), [
+    ("primary", b'{"a":1}', {}, 401, "missing_signature"),
+    ("primary", b'{"a":1}', {"x-service-signature": "sha256=nothex"}, 401,
+     "malformed_signature"),
+    ("primary", b'{"a":1}', {"x-service-signature": general_header("wrong", b'{"a":1}')}, 401,
+     "bad_signature"),
+    ("nobody", b'{"a":1}', {"x-service-signature": general_header("x", b'{"a":1}')}, 401,
+     "unknown_endpoint"),
+])
+def test_unverified_deliveries_are_refused_and_recorded(
+        service: str, db_url: str, name: str, raw: bytes, headers: dict[str, str], status: int,
+        reason: str) -> None:
+    answer = post(service, name, raw, headers=headers)
+    assert answer.status_code == status
+    assert answer.json() == {"status": "refused", "reason": reason}
+    assert rows(db_url, "SELECT count(*) FROM hookledger.ledger") == [(0,)]
+    [(endpoint, got_reason, sha, verified)] = rows(
+        db_url,
+        "SELECT endpoint, reason, body_sha256, verified FROM hookledger.rejected_deliveries")
+    assert (endpoint, got_reason, verified) == (f"general/{name}", reason, False)
+    assert len(sha) == 64
+
+
+@pytest.mark.parametrize(("raw", "reason"), [
+    (b"[1, 2, 3]", "not_an_object"),
+    (b"not json", "invalid_json"),
+    (b'{"event":"payment.confirmed","reference":"R","amount":"10","timestamp":"20260101000000"}',
+     "invalid_field"),
+])
+def test_verified_but_unusable_bodies_get_400_with_a_reason(service: str, db_url: str,
+                                                            raw: bytes, reason: str) -> None:
+    answer = post(service, "primary", raw, secret=SECRETS["primary"])
+    assert answer.status_code == 400 and answer.json()["reason"] == reason
+    assert rows(db_url, "SELECT count(*) FROM hookledger.ledger") == [(0,)]
+    [(got, verified, prefix)] = rows(
+        db_url, "SELECT reason, verified, body_prefix FROM hookledger.rejected_deliveries")
+    assert (got, verified, bytes(prefix)) == (reason, True, raw)
+
+
+def test_a_body_over_the_limit_is_413_and_never_reaches_the_ledger(service: str,
+                                                                   db_url: str) -> None:
+    raw = b'{"pad": "' + b"x" * (70 * 1024) + b'"}'
+    answer = post(service, "primary", raw, secret=SECRETS["primary"])
+    assert answer.status_code == 413 and answer.json()["reason"] == "body_too_large"
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: the limit applies while streaming
+        for _ in range(200):
+            yield b"y" * 4096
+
+    streamed = httpx.post(f"{service}/webhooks/general/primary", content=chunks(), timeout=10)
+    assert streamed.status_code == 413
+    assert rows(db_url, "SELECT count(*) FROM hookledger.ledger") == [(0,)]
+    assert rows(db_url, "SELECT reason FROM hookledger.rejected_deliveries") == [
+        ("body_too_large",), ("body_too_large",)]
+
+
+def test_health_readiness_and_metrics(service: str) -> None:
+    assert httpx.get(f"{service}/healthz").status_code == 200
+    assert httpx.get(f"{service}/readyz").json()["status"] == "ready"
+    raw = encode(general_body("payment.confirmed", 91000, reference="R-M"))
+    post(service, "primary", raw, secret=SECRETS["primary"])
+    post(service, "backup", raw, secret=SECRETS["backup"])
+    post(service, "primary", raw)
+    text = httpx.get(f"{service}/metrics").text
+    assert 'hookledger_deliveries_accepted_total{system="general"} 1.0' in text
+    assert 'hookledger_deliveries_duplicate_total{system="general"} 1.0' in text
+    assert ('hookledger_deliveries_refused_total{reason="missing_signature",system="general"} 1.0'
+            in text)
+    assert "hookledger_append_seconds_count 2.0" in text
+    for secret in SECRETS.values():
+        assert secret not in text
+
+
+def test_the_answer_is_json_with_the_position(service: str, db_url: str) -> None:
+    raw = encode(general_body("payment.confirmed", 91000, reference="R-J"))
+    answer = post(service, "third", raw, secret=SECRETS["third"])
+    assert answer.headers["content-type"].startswith("application/json")
+    position = json.loads(answer.text)["position"]
+    assert rows(db_url, "SELECT position FROM hookledger.ledger") == [(position,)]

@@ -1,0 +1,48 @@
+"""Log lines: delivery context bound on every line, and no secret ever written."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import structlog
+
+from hookledger import logs
+from tests.general_events import encode, general_body
+from tests.live import running_service
+from tests.signing import general_header
+
+SECRET = "whsec-must-never-be-logged-42"
+
+
+@pytest.fixture
+def json_logs(capsys: pytest.CaptureFixture[str]) -> Iterator[None]:
+    logs.configure(fmt="json", level="debug", secrets=[SECRET], cache=False)
+    yield
+    structlog.reset_defaults()
+
+
+def test_delivery_lines_carry_endpoint_reference_and_event_and_no_secret(
+        db_url: str, json_logs: None, capsys: pytest.CaptureFixture[str]) -> None:
+    with running_service(db_url, general_secrets=f"main={SECRET}") as base:
+        raw = encode(general_body("payment.confirmed", 91000, reference="R-LOG"))
+        url = f"{base}/webhooks/general/main"
+        httpx.post(url, content=raw, headers={"x-service-signature": general_header(SECRET, raw)})
+        httpx.post(url, content=raw, headers={"x-service-signature": "sha256=" + "0" * 64})
+        httpx.post(url, content=raw, headers={"x-service-signature": SECRET})
+    err = capsys.readouterr().err
+    lines = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    accepted = [line for line in lines if line["event"] == "delivery.accepted"]
+    assert accepted and accepted[0]["endpoint"] == "general/main"
+    assert accepted[0]["reference"] == "R-LOG" and accepted[0].get("position")
+    refused = [line for line in lines if line["event"] == "delivery.refused"]
+    assert {line["reason"] for line in refused} == {"bad_signature", "malformed_signature"}
+    assert SECRET not in err
+
+
+def test_the_masker_hides_a_secret_that_reached_a_log_line() -> None:
+    mask = logs.secret_masker([SECRET])
+    event = mask(None, "info", {"event": "oops", "detail": f"header was {SECRET}!"})
+    assert event["detail"] == f"header was {logs.MASK}!"

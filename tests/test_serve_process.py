@@ -1,0 +1,134 @@
+"""`hookledger serve` as a user runs it: fresh home, embedded database, signals, sharing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+
+from tests.general_events import encode, general_body
+from tests.signing import general_header
+
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def hookledger(home: Path, *args: str, port: int | None = None,
+               **popen: object) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKLEDGER_")}
+    env.update(HOOKLEDGER_HOME=str(home), HOOKLEDGER_GENERAL_SECRETS="main=proc-secret",
+               HOOKLEDGER_PORT=str(port or free_port()), HOOKLEDGER_LOG_FORMAT="json")
+    return subprocess.Popen([sys.executable, "-m", "hookledger", *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)  # type: ignore[call-overload]
+
+
+def wait_ready(port: int, proc: subprocess.Popen[bytes], timeout: float = 60) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if proc.poll() is not None:
+            raise AssertionError(proc.stderr.read().decode() if proc.stderr else "exited")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                return time.monotonic() - started
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError("not ready in time")
+
+
+def postgres_running(home: Path) -> bool:
+    pid_file = home / "postgres" / "data" / "postmaster.pid"
+    if not pid_file.exists():
+        return False
+    pid = int(pid_file.read_text().split()[0])
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def stop(proc: subprocess.Popen[bytes]) -> int:
+    proc.send_signal(signal.SIGTERM)
+    return proc.wait(timeout=60)
+
+
+def test_serve_on_a_fresh_home_accepts_a_delivery_and_exits_cleanly(tmp_path: Path) -> None:
+    home = tmp_path / "fresh-home"
+    port = free_port()
+    proc = hookledger(home, "serve", port=port)
+    try:
+        seconds = wait_ready(port, proc)
+        print(f"serve to ready on a fresh home: {seconds:.2f} s")
+        raw = encode(general_body("payment.confirmed", 91000, reference="R-PROC"))
+        answer = httpx.post(f"http://127.0.0.1:{port}/webhooks/general/main", content=raw,
+                            headers={"x-service-signature": general_header("proc-secret", raw)})
+        assert answer.status_code == 200
+        url = subprocess.run([sys.executable, "-m", "hookledger", "db", "url"],
+                             env={**os.environ, "HOOKLEDGER_HOME": str(home)},
+                             capture_output=True, text=True, check=True).stdout.strip()
+        with psycopg.connect(url) as conn:
+            assert conn.execute("SELECT event_type FROM hookledger.ledger").fetchall() == [
+                ("payment.confirmed",)]
+    finally:
+        code = stop(proc)
+    assert code == 0, proc.stderr.read().decode() if proc.stderr else ""
+    assert not postgres_running(home), "the embedded server outlived the service"
+
+
+def test_two_processes_share_one_embedded_server_and_the_last_stops_it(tmp_path: Path) -> None:
+    home = tmp_path / "shared-home"
+    port_a, port_b = free_port(), free_port()
+    first = hookledger(home, "serve", port=port_a)
+    try:
+        wait_ready(port_a, first)
+        second = hookledger(home, "serve", port=port_b)
+        try:
+            wait_ready(port_b, second)
+            assert stop(first) == 0
+            assert postgres_running(home), "stopped while another process still used it"
+            assert httpx.get(f"http://127.0.0.1:{port_b}/readyz").status_code == 200
+        finally:
+            assert stop(second) == 0
+    finally:
+        if first.poll() is None:
+            stop(first)
+    assert not postgres_running(home)
+
+
+def test_a_killed_process_does_not_keep_the_server_alive(tmp_path: Path) -> None:
+    """After kill -9, the next process adopts the orphaned server and stops it on exit."""
+    home = tmp_path / "orphan-home"
+    port = free_port()
+    victim = hookledger(home, "serve", port=port)
+    wait_ready(port, victim)
+    victim.kill()
+    victim.wait()
+    assert postgres_running(home)
+    migrate = hookledger(home, "migrate")
+    assert migrate.wait(timeout=60) == 0
+    assert not postgres_running(home)
+
+
+def test_bad_configuration_names_the_key_and_never_echoes_a_value(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKLEDGER_")}
+    env.update(HOOKLEDGER_HOME=str(tmp_path), HOOKLEDGER_GENERAL_SECRETS="oops-no-equals-s3cret",
+               HOOKLEDGER_PORT="eighty")
+    result = subprocess.run([sys.executable, "-m", "hookledger", "migrate"], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "HOOKLEDGER_GENERAL_SECRETS" in result.stderr and "HOOKLEDGER_PORT" in result.stderr
+    assert "s3cret" not in result.stderr + result.stdout

@@ -1,0 +1,62 @@
+"""Settings: environment beats hookledger.toml, secrets parse strictly and stay hidden."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from hookledger.settings import Settings, parse_named_secrets
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for key in list(__import__("os").environ):
+        if key.startswith("HOOKLEDGER_"):
+            monkeypatch.delenv(key)
+    monkeypatch.chdir(tmp_path)
+
+
+def test_defaults_match_the_contract() -> None:
+    s = Settings()
+    assert (s.host, s.port, s.provider_timezone) == ("127.0.0.1", 8080, "Africa/Dar_es_Salaam")
+    assert (s.chat_tolerance_s, s.rotation_grace_s, s.resolution_window_s,
+            s.reconcile_interval_s) == (300, 600, 90, 60)
+    assert s.database_url is None and s.home == Path(".hookledger")
+
+
+def test_the_environment_wins_over_the_toml_file(monkeypatch: pytest.MonkeyPatch,
+                                                 tmp_path: Path) -> None:
+    (tmp_path / "hookledger.toml").write_text(
+        'port = 9000\nhost = "0.0.0.0"\ngeneral_secrets = "a=1234,b=5678"\n')
+    monkeypatch.setenv("HOOKLEDGER_PORT", "9100")
+    s = Settings()
+    assert (s.port, s.host) == (9100, "0.0.0.0")
+    assert {k: v.get_secret_value() for k, v in s.general_secrets.items()} == {
+        "a": "1234", "b": "5678"}
+
+
+def test_at_most_three_general_webhooks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOOKLEDGER_GENERAL_SECRETS", "a=1,b=2,c=3,d=4")
+    with pytest.raises(ValidationError, match="at most 3"):
+        Settings()
+
+
+@pytest.mark.parametrize("raw", ["novalue", "=secret", "a=", "a=1,a=2", "bad name=1"])
+def test_malformed_secret_lists_are_refused(raw: str) -> None:
+    with pytest.raises(ValueError):
+        parse_named_secrets(raw)
+
+
+def test_secrets_keep_equals_signs_and_never_print(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOOKLEDGER_CHAT_SECRETS", "1234567=abc=def")
+    s = Settings()
+    assert s.chat_secrets["1234567"].get_secret_value() == "abc=def"
+    assert "abc=def" not in repr(s) and "abc=def" not in str(s.model_dump())
+
+
+def test_an_unknown_zone_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOOKLEDGER_PROVIDER_TIMEZONE", "Mars/Olympus")
+    with pytest.raises(ValidationError, match="provider_timezone"):
+        Settings()
