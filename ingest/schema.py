@@ -1,4 +1,4 @@
-"""The declared schema of ingest's own table: deliveries it refused.
+"""The declared schema of ingest's own tables: deliveries it refused, chat secrets.
 
 Refused deliveries never reach the ledger; they are kept here for inspection (why was this
 refused, what did it look like) with the body cut to a small prefix, so that a flood of
@@ -10,6 +10,7 @@ from __future__ import annotations
 from sqlalchemy import (
     BigInteger,
     Boolean,
+    CheckConstraint,
     Column,
     DateTime,
     Identity,
@@ -17,6 +18,7 @@ from sqlalchemy import (
     LargeBinary,
     Table,
     Text,
+    UniqueConstraint,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
@@ -39,3 +41,25 @@ rejected_deliveries = Table(
     Column("remote_addr", Text),
 )
 Index(None, rejected_deliveries.c.received_at)
+
+chat_secrets = Table(
+    "chat_secrets",
+    metadata,
+    # Each connected number's chat webhook secrets: the current one (retired_at NULL) and
+    # those rotated out, which still verify for the rotation grace period. ``label`` is a
+    # short fingerprint of the secret, safe to log; the secret itself never leaves here.
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("phone_number_id", Text, nullable=False),
+    Column("secret", Text, nullable=False),
+    Column("label", Text, nullable=False),
+    Column("source", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("retired_at", DateTime(timezone=True)),
+    UniqueConstraint("phone_number_id", "secret"),
+    CheckConstraint("source IN ('bootstrap', 'rotation')", name="source"),
+    CheckConstraint("retired_at IS NULL OR retired_at >= created_at",
+                    name="retired_after_created"),
+)
+# at most one current secret per number
+Index("ix_chat_secrets_current", chat_secrets.c.phone_number_id, unique=True,
+      postgresql_where=chat_secrets.c.retired_at.is_(None))

@@ -1,0 +1,397 @@
+"""Reading a verified chat (system B) body into normalised facts. Pure.
+
+Branch first on the top-level ``type``: ``message`` (an inbound customer message) or
+``status`` (what became of a message we sent). Either way the ledger stream is
+``chat-message:{id}``: the inbound message's id, or ``status.id``, which is the id of the
+sent message, so every status of one message lands in one stream.
+
+* The 95xxx code is derived (the body carries none): sent 95000, delivered 95001, read
+  95002, inbound 95003, failed 95050 unless ``errors[0].code`` is a known platform error
+  (:data:`PLATFORM_ERROR_CAUSES`, replaceable by the caller).
+* A verified delivery is never dropped: an unknown top-level ``type`` or an unknown status
+  value is kept as ``chat.unrecognised`` (``recognised: false``), so no projection applies
+  it blindly. An inbound message of a kind the spec does not show (e.g. ``location``) is
+  still an inbound message (it opens the 24-hour window) and is kept as received, flagged
+  ``message_type_known: false``.
+* A known type whose fields have the wrong JSON types, or that lacks the id it is filed
+  under, is a :class:`BodyError` (HTTP 400) naming the field. A ``phoneNumberId`` that is
+  not the number of the URL (whose secret verified it) is ``phone_number_mismatch``.
+
+The dedupe key
+--------------
+``chat:`` + ``X-Service-Delivery-Id`` when the header is there. The spec names it as the
+stable id of the event, the same on every retry, and tells receivers to deduplicate on it;
+it does not depend on how the body is serialised, and the body is "the chat platform's own
+message object, forwarded as-is", whose fields we do not control and may not all be stable
+between attempts. The header is not covered by the signature: someone replaying a captured
+delivery inside the signature tolerance with a new id adds a second copy of a genuine event
+to the ledger. That is bounded (the tolerance window), never loses anything, and harmless
+downstream because projections key on ``message.id`` / ``status.id`` and statuses never move
+backwards; ``content_sha256`` in the facts lets such copies be recognised.
+
+Without the header (a proxy stripped it, or a hand-made test delivery) the key is the
+SHA-256 of the body's canonical form (keys sorted, numbers normalised) without
+:data:`VOLATILE_FIELDS`: re-sent copies of one event still fold into one, whatever their
+whitespace or key order, and two different events never do. The spec puts everything
+per-attempt (attempt number, delivery id) in headers, so no body field is known to be
+volatile; the set exists so that one found later can be added without changing the key's
+form. The two key forms never collide (``chat:delivery:`` / ``chat:body:``) and never fold a
+copy with the header into one without it, which costs at worst one extra ledger event.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+from ingest.errors import BodyError
+
+SOURCE = "chat"
+UNRECOGNISED_EVENT_TYPE = "chat.unrecognised"
+RECEIVED_EVENT_TYPE = "chat.message.received"
+MESSAGE_KINDS = frozenset({"text", "image", "document", "audio", "video"})
+MEDIA_KINDS = frozenset({"image", "document", "audio", "video"})
+VOLATILE_FIELDS: frozenset[str] = frozenset()
+MAX_ID = 512
+MAX_TEXT = 64 * 1024  # a chat text body is far shorter; the request limit bounds it anyway
+MAX_TIMESTAMP_DIGITS = 11  # up to year 5138: datetime can hold it
+MAX_DELIVERY_ID = 256
+MAX_USER_AGENT = 256
+
+INBOUND_CODE = 95003
+FAILED_CODE = 95050
+# status value -> (event type, code)
+STATUSES: dict[str, tuple[str, int]] = {
+    "sent": ("chat.message.sent", 95000),
+    "delivered": ("chat.message.delivered", 95001),
+    "read": ("chat.message.read", 95002),
+    "failed": ("chat.message.failed", FAILED_CODE),
+}
+
+PLATFORM_ERROR_CAUSES: Mapping[str, int] = {
+    # the chat platform's error codes (errors[0].code) -> the provider's 95xxx cause.
+    # Number cannot receive chat messages
+    "131026": 95057,  # message undeliverable (not on the platform, old client, ...)
+    # Chat platform rate limit reached
+    "4": 95058, "80007": 95058, "130429": 95058, "131048": 95058, "131056": 95058,
+    # Account locked or restricted
+    "368": 95059, "131031": 95059,
+    # 24-hour service window closed
+    "131047": 95063,
+    # Recipient opted out, or the platform withheld it
+    "130472": 95064, "131049": 95064, "131050": 95064,
+    # Template rejected, missing, paused, or parameters mismatched
+    "132000": 95065, "132001": 95065, "132005": 95065, "132007": 95065, "132012": 95065,
+    "132015": 95065, "132016": 95065,
+    # Billing problem on the business account
+    "131042": 95066,
+}
+"""Default mapping; callers pass their own to follow the platform's table."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryMeta:
+    """What the request says about a delivery outside its body (headers, URL)."""
+
+    phone_number_id: str
+    delivery_id: str | None = None
+    attempt: int | None = None
+    user_agent: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ChatDelivery:
+    """A verified chat delivery, read."""
+
+    event_type: str
+    stream: str
+    dedupe_key: str
+    occurred_at: datetime | None
+    facts: dict[str, Any]
+
+
+# -- header values --------------------------------------------------------------------------
+
+def delivery_id_of(raw: str | None) -> str | None:
+    """The ``X-Service-Delivery-Id``; blank means absent, unprintable or huge is a 400."""
+    if raw is None or raw.strip() == "":
+        return None
+    value = raw.strip()
+    if len(value) > MAX_DELIVERY_ID or not value.isascii() or not value.isprintable():
+        raise BodyError("invalid_delivery_id",
+                        f"X-Service-Delivery-Id must be printable ASCII, at most "
+                        f"{MAX_DELIVERY_ID} characters")
+    return value
+
+
+def attempt_of(raw: str | None) -> int | None:
+    """``X-Service-Attempt`` as a number; anything else is recorded as unknown, not refused."""
+    if raw is None:
+        return None
+    value = raw.strip()
+    if 0 < len(value) <= 4 and value.isascii() and value.isdigit():
+        return int(value)
+    return None
+
+
+def user_agent_of(raw: str | None) -> str | None:
+    return None if raw is None else raw[:MAX_USER_AGENT]
+
+
+# -- the dedupe key -------------------------------------------------------------------------
+
+def _canonical(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _canonical(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_canonical(v) for v in value]
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int | Decimal):
+        return {"#n": format(Decimal(value).normalize(), "f")}
+    return value
+
+
+def content_sha256(body: Mapping[str, Any]) -> str:
+    """SHA-256 of the body's canonical form without :data:`VOLATILE_FIELDS`."""
+    significant = {k: v for k, v in body.items() if k not in VOLATILE_FIELDS}
+    text = json.dumps(_canonical(significant), sort_keys=True, separators=(",", ":"),
+                      ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def dedupe_key(delivery_id: str | None, digest: str) -> str:
+    if delivery_id is not None:
+        return f"chat:delivery:{delivery_id}"
+    return f"chat:body:{digest}"
+
+
+# -- typed field readers: each raises BodyError naming the field ---------------------------
+
+def _text(block: Mapping[str, Any], key: str, where: str, *, required: bool = False,
+          limit: int = MAX_ID) -> str | None:
+    value = block.get(key)
+    if value is None:
+        if required:
+            raise BodyError("missing_field", f"{where}{key} is required")
+        return None
+    if not isinstance(value, str):
+        raise BodyError("invalid_field", f"{where}{key} must be a string")
+    if len(value) > limit:
+        raise BodyError("invalid_field", f"{where}{key} is longer than {limit}")
+    if required and not value.strip():
+        raise BodyError("invalid_field", f"{where}{key} must not be empty")
+    return value
+
+
+def _object(block: Mapping[str, Any], key: str, where: str, *,
+            required: bool = False) -> dict[str, Any] | None:
+    value = block.get(key)
+    if value is None:
+        if required:
+            raise BodyError("missing_field", f"{where}{key} is required")
+        return None
+    if not isinstance(value, dict):
+        raise BodyError("invalid_field", f"{where}{key} must be an object")
+    return value
+
+
+def parse_unix_seconds(raw: str, field: str) -> datetime:
+    """Unix seconds as text (the platform's form) -> an aware UTC datetime."""
+    if not 0 < len(raw) <= MAX_TIMESTAMP_DIGITS or not (raw.isascii() and raw.isdigit()):
+        raise BodyError("invalid_field", f"{field} must be Unix seconds as digits")
+    return datetime.fromtimestamp(int(raw), UTC)
+
+
+def _timestamp(block: Mapping[str, Any], where: str) -> tuple[str | None, datetime | None]:
+    raw = _text(block, "timestamp", where)
+    if raw is None:
+        return None, None
+    return raw, parse_unix_seconds(raw, f"{where}timestamp")
+
+
+def _error_code(value: Any) -> str | None:
+    """``errors[0].code``: the spec says "code"; the platform sends a number. Kept as text."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise BodyError("invalid_field", "errors[0].code must be a number or a string")
+    text = str(value).strip()
+    if len(text) > 64:
+        raise BodyError("invalid_field", "errors[0].code is longer than 64")
+    return text or None
+
+
+def _first_error(body: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    errors = body.get("errors")
+    if errors is None:
+        return None, None
+    if not isinstance(errors, list):
+        raise BodyError("invalid_field", "errors must be a list")
+    if not errors:
+        return None, None
+    first = errors[0]
+    if not isinstance(first, dict):
+        raise BodyError("invalid_field", "errors[0] must be an object")
+    return _error_code(first.get("code")), _text(first, "title", "errors[0].", limit=MAX_TEXT)
+
+
+def failure_code(error_code: str | None, causes: Mapping[str, int]) -> int:
+    """95050 unless the platform's error code maps to a known 95xxx cause."""
+    if error_code is None:
+        return FAILED_CODE
+    return causes.get(error_code, FAILED_CODE)
+
+
+# -- reading --------------------------------------------------------------------------------
+
+def _check_phone_number(body: Mapping[str, Any], meta: DeliveryMeta) -> None:
+    claimed = _text(body, "phoneNumberId", "")
+    if claimed is not None and claimed != meta.phone_number_id:
+        raise BodyError("phone_number_mismatch",
+                        "body phoneNumberId is not the number of the URL")
+
+
+def _common(body: Mapping[str, Any], meta: DeliveryMeta, digest: str, *,
+            strict: bool = True) -> dict[str, Any]:
+    waba_id = body.get("wabaId")
+    if strict:
+        waba_id = _text(body, "wabaId", "")
+    elif not isinstance(waba_id, str) or len(waba_id) > MAX_ID:
+        waba_id = None
+    return {
+        "waba_id": waba_id,
+        "phone_number_id": meta.phone_number_id,
+        "delivery_id": meta.delivery_id,
+        "attempt": meta.attempt,
+        "user_agent": meta.user_agent,
+        "content_sha256": digest,
+    }
+
+
+def read_chat(body: Mapping[str, Any], meta: DeliveryMeta, *,
+              error_causes: Mapping[str, int] = PLATFORM_ERROR_CAUSES) -> ChatDelivery:
+    """Normalise a verified body; raise :class:`BodyError` when a known type is malformed."""
+    digest = content_sha256(body)
+    key = dedupe_key(meta.delivery_id, digest)
+    _check_phone_number(body, meta)
+    kind = body.get("type")
+    if kind == "message":
+        return _message(body, meta, digest, key)
+    if kind == "status":
+        return _status(body, meta, digest, key, error_causes)
+    return _unrecognised(body, meta, digest, key, kind if isinstance(kind, str) else None)
+
+
+def _message(body: Mapping[str, Any], meta: DeliveryMeta, digest: str,
+             key: str) -> ChatDelivery:
+    message = _object(body, "message", "", required=True)
+    assert message is not None
+    where = "message."
+    message_id = _text(message, "id", where, required=True)
+    message_type = _text(message, "type", where, required=True)
+    assert message_id is not None and message_type is not None
+    timestamp_raw, occurred_at = _timestamp(message, where)
+    sender = _text(message, "from", where)
+    text_body: str | None = None
+    media_id: str | None = None
+    if message_type == "text":
+        text = _object(message, "text", where)
+        if text is not None:
+            text_body = _text(text, "body", "message.text.", limit=MAX_TEXT)
+    elif message_type in MEDIA_KINDS:
+        # the platform's shape: message.image.id, message.document.id, ...
+        media = _object(message, message_type, where)
+        if media is not None:
+            media_id = _text(media, "id", f"message.{message_type}.")
+    else:  # a kind the spec does not show: take message.<type>.id when it is there
+        block = message.get(message_type)
+        candidate = block.get("id") if isinstance(block, dict) else None
+        if isinstance(candidate, str) and len(candidate) <= MAX_ID:
+            media_id = candidate
+    facts = {
+        **_common(body, meta, digest),
+        "recognised": True,
+        "kind": "message",
+        "direction": "inbound",
+        "message_id": message_id,
+        "contact_wa_id": _text(body, "contactWaId", "") or sender,
+        "profile_name": _text(body, "profileName", ""),
+        "from": sender,
+        "message_type": message_type,
+        "message_type_known": message_type in MESSAGE_KINDS,
+        "body": text_body,
+        "media_id": media_id,
+        "status": "received",
+        "code": INBOUND_CODE,
+        "error_code": None,
+        "error_title": None,
+        "timestamp_raw": timestamp_raw,
+        "occurred_at": occurred_at.isoformat() if occurred_at else None,
+    }
+    return ChatDelivery(RECEIVED_EVENT_TYPE, f"chat-message:{message_id}", key, occurred_at,
+                        facts)
+
+
+def _status(body: Mapping[str, Any], meta: DeliveryMeta, digest: str, key: str,
+            causes: Mapping[str, int]) -> ChatDelivery:
+    status = _object(body, "status", "", required=True)
+    assert status is not None
+    where = "status."
+    message_id = _text(status, "id", where, required=True)
+    value = _text(status, "status", where, required=True)
+    assert message_id is not None and value is not None
+    if value not in STATUSES:
+        return _unrecognised(body, meta, digest, key, "status", message_id=message_id,
+                             status=value)
+    event_type, code = STATUSES[value]
+    timestamp_raw, occurred_at = _timestamp(status, where)
+    error_code, error_title = _first_error(body)
+    if value == "failed":
+        code = failure_code(error_code, causes)
+    facts = {
+        **_common(body, meta, digest),
+        "recognised": True,
+        "kind": "status",
+        "direction": "outbound",
+        "message_id": message_id,
+        "contact_wa_id": _text(status, "recipient_id", where),
+        "message_type": None,
+        "body": None,
+        "media_id": None,
+        "status": value,
+        "code": code,
+        "error_code": error_code,
+        "error_title": error_title,
+        "timestamp_raw": timestamp_raw,
+        "occurred_at": occurred_at.isoformat() if occurred_at else None,
+    }
+    return ChatDelivery(event_type, f"chat-message:{message_id}", key, occurred_at, facts)
+
+
+def _unrecognised(body: Mapping[str, Any], meta: DeliveryMeta, digest: str, key: str,
+                  kind: str | None, *, message_id: str | None = None,
+                  status: str | None = None) -> ChatDelivery:
+    """Kept, flagged, and filed under the message when an id can be found, never dropped."""
+    if message_id is None:
+        for block_name in ("message", "status"):
+            block = body.get(block_name)
+            candidate = block.get("id") if isinstance(block, dict) else None
+            if isinstance(candidate, str) and candidate.strip() and len(candidate) <= MAX_ID:
+                message_id = candidate
+                break
+    facts = {
+        **_common(body, meta, digest, strict=False),
+        "recognised": False,
+        "kind": kind[:64] if kind is not None else None,
+        "message_id": message_id,
+        "status": status,
+    }
+    stream = (f"chat-message:{message_id}" if message_id
+              else f"chat-unrecognised:{meta.phone_number_id}")
+    return ChatDelivery(UNRECOGNISED_EVENT_TYPE, stream, key, None, facts)

@@ -1,0 +1,177 @@
+"""``POST /webhooks/chat/{phoneNumberId}``: verify, read, append, and only then answer 200.
+
+The provider waits 15 s and retries a failure at 1m, 5m, 30m, 2h, 12h. So the request path
+does only what must precede the answer: one secret lookup (through the store's TTL cache),
+verification over the exact raw bytes, reading the body, and one group-committed append.
+The answer is 200 only after the event's transaction committed; a retry of a delivery
+already kept is answered 200 with ``"duplicate": true`` so the provider stops retrying.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+
+import structlog
+from psycopg_pool import AsyncConnectionPool
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from ingest import chat_signature, responses
+from ingest.appender import BatchingAppender
+from ingest.body import read_limited
+from ingest.chat_body import (
+    PLATFORM_ERROR_CAUSES,
+    SOURCE,
+    DeliveryMeta,
+    attempt_of,
+    delivery_id_of,
+    read_chat,
+    user_agent_of,
+)
+from ingest.chat_secrets import MAX_PHONE_NUMBER_ID, ChatSecretStore
+from ingest.errors import BodyError, BodyTooLarge
+from ingest.headers import safe_headers
+from ingest.json_body import parse_object
+from ingest.metrics import IngestMetrics
+from ingest.rejections import Refusal, record
+from ledger import LedgerError, NewEvent
+
+SYSTEM = SOURCE
+SIGNATURE_HEADER = "x-service-signature"
+DELIVERY_ID_HEADER = "x-service-delivery-id"
+ATTEMPT_HEADER = "x-service-attempt"
+
+MASK = "[redacted]"
+
+log = structlog.get_logger("hookledger.ingest")
+
+
+def _masked(headers: Mapping[str, str], secrets: list[tuple[str, bytes]]) -> dict[str, str]:
+    """Headers to keep with a refusal, with any of the number's secrets masked.
+
+    A misconfigured sender may put the secret itself in a header (``X-Service-Signature:
+    <secret>``); a refusal row is readable by users, so the secret must not land there.
+    """
+    needles = [secret.decode("utf-8", "replace") for _, secret in secrets if len(secret) >= 4]
+    return {name: _mask(value, needles) for name, value in headers.items()}
+
+
+def _mask(value: str, needles: list[str]) -> str:
+    for needle in needles:
+        value = value.replace(needle, MASK)
+    return value
+
+
+class ChatEndpoint:
+    """Receives system B deliveries, each number verified with its own secret(s)."""
+
+    def __init__(self, *, secrets: ChatSecretStore, tolerance_s: int, max_body_bytes: int,
+                 appender: BatchingAppender, pool: AsyncConnectionPool,
+                 metrics: IngestMetrics,
+                 error_causes: Mapping[str, int] = PLATFORM_ERROR_CAUSES) -> None:
+        self._secrets = secrets
+        self._tolerance_s = tolerance_s
+        self._max_body = max_body_bytes
+        self._appender = appender
+        self._pool = pool
+        self._metrics = metrics
+        self._error_causes = dict(error_causes)
+
+    async def __call__(self, request: Request) -> JSONResponse:
+        received_at = datetime.now(UTC)
+        phone_number_id = request.path_params["phone_number_id"]
+        endpoint = f"chat/{phone_number_id[:MAX_PHONE_NUMBER_ID * 2]}"
+        structlog.contextvars.clear_contextvars()
+        structlog.contextvars.bind_contextvars(endpoint=endpoint)
+        headers = safe_headers(request.headers.items())
+        encoding = request.headers.get("content-encoding", "identity").strip().lower()
+
+        secrets: list[tuple[str, bytes]] = []
+
+        def refusal(status: int, reason: str, detail: str | None, body: bytes, size: int,
+                    verified: bool) -> Refusal:
+            client = request.client.host if request.client else None
+            return Refusal(received_at, endpoint, reason, detail, verified, status, body, size,
+                           _masked(headers, secrets), client)
+
+        try:
+            body = await read_limited(request, self._max_body)
+        except BodyTooLarge as exc:
+            return await self._refuse(refusal(413, exc.reason, exc.detail, b"", 0, False))
+
+        try:
+            secrets = await self._secrets.valid_secrets(phone_number_id, received_at)
+        except LedgerError as exc:
+            log.error("delivery.unavailable", error=str(exc), stage="secrets")
+            return responses.unavailable()
+        if not secrets:
+            return await self._refuse(
+                refusal(401, "unknown_phone_number", None, body, len(body), False))
+        if encoding not in ("identity", ""):
+            return await self._refuse(refusal(415, "unsupported_content_encoding",
+                                              encoding[:64], body, len(body), False))
+        try:
+            label = chat_signature.verify(
+                body, request.headers.get(SIGNATURE_HEADER), secrets,
+                now=received_at.timestamp(), tolerance_s=self._tolerance_s)
+        except chat_signature.ChatSignatureError as exc:
+            return await self._refuse(refusal(401, exc.reason, None, body, len(body), False))
+
+        try:
+            meta = DeliveryMeta(
+                phone_number_id=phone_number_id,
+                delivery_id=delivery_id_of(request.headers.get(DELIVERY_ID_HEADER)),
+                attempt=attempt_of(request.headers.get(ATTEMPT_HEADER)),
+                user_agent=user_agent_of(request.headers.get("user-agent")),
+            )
+            parsed, text = parse_object(body)
+            delivery = read_chat(parsed, meta, error_causes=self._error_causes)
+        except BodyError as exc:
+            return await self._refuse(refusal(400, exc.reason, exc.detail, body, len(body), True))
+
+        structlog.contextvars.bind_contextvars(
+            delivery_id=meta.delivery_id, attempt=meta.attempt,
+            message_id=delivery.facts.get("message_id"), event=delivery.event_type,
+            verified_by=label)
+        event = NewEvent(
+            stream=delivery.stream,
+            event_type=delivery.event_type,
+            source=SOURCE,
+            dedupe_key=delivery.dedupe_key,
+            payload_json=text,
+            received_at=received_at,
+            facts=delivery.facts,
+            occurred_at=delivery.occurred_at,
+            raw_body=body,
+            headers=headers,
+            endpoint=endpoint,
+            verified_by=label,
+        )
+        started = time.perf_counter()
+        try:
+            result = await self._appender.append(event)
+        except LedgerError as exc:
+            log.error("delivery.unavailable", error=str(exc))
+            return responses.unavailable()
+        self._metrics.append_seconds.observe(time.perf_counter() - started)
+        if result.duplicate:
+            self._metrics.duplicates.labels(SYSTEM).inc()
+            log.info("delivery.duplicate", position=result.position)
+        else:
+            self._metrics.accepted.labels(SYSTEM).inc()
+            log.info("delivery.accepted", position=result.position,
+                     recognised=delivery.facts["recognised"])
+        return responses.accepted(result)
+
+    async def _refuse(self, refusal: Refusal) -> JSONResponse:
+        self._metrics.refused.labels(SYSTEM, refusal.reason).inc()
+        log.warning("delivery.refused", reason=refusal.reason, detail=refusal.detail,
+                    status=refusal.http_status)
+        try:
+            await record(self._pool, refusal)
+        except Exception as exc:  # noqa: BLE001 - a refusal is answered even if not recorded
+            log.error("delivery.refusal_not_recorded", reason=refusal.reason,
+                      error=type(exc).__name__)
+        return responses.refused(refusal.http_status, refusal.reason)

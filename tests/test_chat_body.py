@@ -1,0 +1,208 @@
+"""Reading verified chat bodies: event types, codes, facts, streams, keys, and refusals."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from ingest.chat_body import (
+    PLATFORM_ERROR_CAUSES,
+    DeliveryMeta,
+    attempt_of,
+    delivery_id_of,
+    read_chat,
+)
+from ingest.errors import BodyError
+from ingest.json_body import parse_object
+from tests.chat_events import PHONE, encode, inbound, status
+
+META = DeliveryMeta(phone_number_id=PHONE, delivery_id="dlv-1", attempt=2,
+                    user_agent="service-chat-webhook/1.0")
+
+
+def read(body: dict[str, Any], meta: DeliveryMeta = META, **kwargs: Any) -> Any:
+    parsed, _ = parse_object(encode(body))  # through the strict parser, as the endpoint does
+    return read_chat(parsed, meta, **kwargs)
+
+
+def refused(body: dict[str, Any]) -> str:
+    with pytest.raises(BodyError) as caught:
+        read(body)
+    return caught.value.reason
+
+
+def test_an_inbound_text_message_is_received_with_its_facts() -> None:
+    delivery = read(inbound("text"))
+    assert delivery.event_type == "chat.message.received"
+    assert delivery.stream == "chat-message:wamid.IN1"
+    assert delivery.dedupe_key == "chat:delivery:dlv-1"
+    assert delivery.occurred_at == datetime(2023, 11, 14, 22, 13, 20, tzinfo=UTC)
+    facts = delivery.facts
+    assert facts["recognised"] is True and facts["direction"] == "inbound"
+    assert facts["code"] == 95003 and facts["status"] == "received"
+    assert facts["body"] == "Habari, nina swali" and facts["media_id"] is None
+    assert facts["message_type"] == "text" and facts["message_type_known"] is True
+    assert (facts["phone_number_id"], facts["contact_wa_id"], facts["profile_name"]) == (
+        PHONE, "255712345678", "Asha")
+    assert facts["waba_id"] == "waba-1"
+    assert (facts["attempt"], facts["user_agent"]) == (2, "service-chat-webhook/1.0")
+    assert facts["occurred_at"] == "2023-11-14T22:13:20+00:00"
+
+
+@pytest.mark.parametrize("kind", ["image", "document", "audio", "video"])
+def test_each_media_kind_carries_its_media_id(kind: str) -> None:
+    delivery = read(inbound(kind))
+    assert delivery.event_type == "chat.message.received"
+    assert delivery.facts["media_id"] == f"media-{kind}-1"
+    assert delivery.facts["message_type"] == kind and delivery.facts["body"] is None
+
+
+def test_an_inbound_kind_the_spec_does_not_show_is_still_received_flagged() -> None:
+    """It opens the 24-hour window, so it is an inbound message, marked as unknown kind."""
+    delivery = read(inbound("location", location={"latitude": 1, "longitude": 2}))
+    assert delivery.event_type == "chat.message.received"
+    assert delivery.facts["message_type_known"] is False and delivery.facts["media_id"] is None
+    sticker = read(inbound("sticker", sticker={"id": "media-st-1"}))
+    assert sticker.facts["media_id"] == "media-st-1"
+
+
+@pytest.mark.parametrize(("value", "event_type", "code"), [
+    ("sent", "chat.message.sent", 95000),
+    ("delivered", "chat.message.delivered", 95001),
+    ("read", "chat.message.read", 95002),
+    ("failed", "chat.message.failed", 95050),
+])
+def test_each_status_has_its_event_and_code(value: str, event_type: str, code: int) -> None:
+    delivery = read(status(value))
+    assert delivery.event_type == event_type
+    assert delivery.stream == "chat-message:wamid.OUT1"
+    facts = delivery.facts
+    assert facts["code"] == code and facts["status"] == value
+    assert facts["direction"] == "outbound" and facts["contact_wa_id"] == "255712345678"
+    assert delivery.occurred_at == datetime(2023, 11, 14, 22, 15, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(("error_code", "code"), [
+    (131026, 95057), ("131026", 95057), (130429, 95058), (131031, 95059), (131047, 95063),
+    (131050, 95064), (132015, 95065), (131042, 95066),
+    (999999, 95050), ("not-a-known-code", 95050),
+])
+def test_a_failed_status_maps_the_platform_error_or_falls_back_to_95050(
+        error_code: Any, code: int) -> None:
+    delivery = read(status("failed", errors=[{"code": error_code, "title": "Some title"}]))
+    assert delivery.event_type == "chat.message.failed"
+    assert delivery.facts["code"] == code
+    assert delivery.facts["error_code"] == str(error_code)
+    assert delivery.facts["error_title"] == "Some title"
+
+
+def test_the_error_mapping_is_configurable() -> None:
+    delivery = read(status("failed", errors=[{"code": 7, "title": "t"}]),
+                    error_causes={**PLATFORM_ERROR_CAUSES, "7": 95064})
+    assert delivery.facts["code"] == 95064
+
+
+def test_a_failed_status_without_errors_is_95050() -> None:
+    assert read(status("failed")).facts["code"] == 95050
+    assert read(status("failed", errors=[])).facts["code"] == 95050
+
+
+@pytest.mark.parametrize("body", [
+    {"type": "reaction", "phoneNumberId": PHONE, "reaction": {"emoji": "x"}},
+    {"phoneNumberId": PHONE, "message": {"id": "m"}},
+    {"type": 7},
+    {"test": True},
+    status("deleted"),
+])
+def test_unknown_types_and_status_values_are_kept_as_unrecognised(body: dict[str, Any]) -> None:
+    delivery = read(body)
+    assert delivery.event_type == "chat.unrecognised"
+    assert delivery.facts["recognised"] is False
+    assert delivery.dedupe_key == "chat:delivery:dlv-1"
+
+
+def test_an_unrecognised_status_is_filed_under_its_message() -> None:
+    delivery = read(status("deleted", message_id="wamid.X"))
+    assert delivery.stream == "chat-message:wamid.X"
+    assert delivery.facts["status"] == "deleted"
+
+
+@pytest.mark.parametrize(("body", "reason"), [
+    ({**inbound(), "message": "text"}, "invalid_field"),
+    ({"type": "message", "phoneNumberId": PHONE}, "missing_field"),
+    (inbound(message_id=None), "missing_field"),  # type: ignore[arg-type]
+    (inbound(message_id=""), "invalid_field"),
+    (inbound(id=42), "invalid_field"),
+    (inbound(type=None), "missing_field"),
+    (inbound(timestamp=1700000000), "invalid_field"),
+    (inbound(timestamp="17e8"), "invalid_field"),
+    (inbound(timestamp="-1"), "invalid_field"),
+    (inbound(text={"body": 5}), "invalid_field"),
+    (inbound(text="hello"), "invalid_field"),
+    (inbound("image", image={"id": 5}), "invalid_field"),
+    (inbound("image", image="media-1"), "invalid_field"),
+    ({**inbound(), "contactWaId": 255712345678}, "invalid_field"),
+    ({**inbound(), "profileName": ["A"]}, "invalid_field"),
+    ({**inbound(), "wabaId": 1}, "invalid_field"),
+    ({**status(), "status": "delivered"}, "invalid_field"),
+    ({"type": "status", "phoneNumberId": PHONE}, "missing_field"),
+    (status(message_id=7), "invalid_field"),  # type: ignore[arg-type]
+    (status(timestamp=1700000100), "invalid_field"),
+    (status("failed", errors={"code": 1}), "invalid_field"),  # type: ignore[arg-type]
+    (status("failed", errors=["boom"]), "invalid_field"),
+    (status("failed", errors=[{"code": 1.5, "title": "t"}]), "invalid_field"),
+    (status("failed", errors=[{"code": True, "title": "t"}]), "invalid_field"),
+    (status("failed", errors=[{"code": 1, "title": 2}]), "invalid_field"),
+    ({**status(), "status": {"id": "m", "status": 3}}, "invalid_field"),
+])
+def test_a_known_type_with_wrong_field_types_is_refused_with_a_reason(
+        body: dict[str, Any], reason: str) -> None:
+    assert refused(body) == reason
+
+
+@pytest.mark.parametrize("body", [inbound(phone="555"), status(phone="555"),
+                                  {"type": "other", "phoneNumberId": "555"}])
+def test_a_body_for_another_number_than_the_url_is_a_mismatch(body: dict[str, Any]) -> None:
+    assert refused(body) == "phone_number_mismatch"
+
+
+def test_without_a_delivery_id_the_key_is_the_canonical_body_hash() -> None:
+    meta = DeliveryMeta(phone_number_id=PHONE)
+    one = read_chat(parse_object(b'{"type":"status","status":{"id":"m","status":"read"}}')[0],
+                    meta)
+    same = read_chat(parse_object(
+        b'{ "status" : {"status":"read", "id":"m"}, "type":"status" }')[0], meta)
+    other = read_chat(parse_object(b'{"type":"status","status":{"id":"m","status":"sent"}}')[0],
+                      meta)
+    assert one.dedupe_key.startswith("chat:body:")
+    assert one.dedupe_key == same.dedupe_key != other.dedupe_key
+
+
+def test_the_delivery_id_decides_the_key_whatever_the_body() -> None:
+    a = read(status("read"), DeliveryMeta(PHONE, delivery_id="d-1"))
+    b = read(status("sent"), DeliveryMeta(PHONE, delivery_id="d-1"))
+    c = read(status("read"), DeliveryMeta(PHONE, delivery_id="d-2"))
+    assert a.dedupe_key == b.dedupe_key == "chat:delivery:d-1" != c.dedupe_key
+    assert a.facts["content_sha256"] == c.facts["content_sha256"]
+
+
+@pytest.mark.parametrize(("raw", "expected"), [
+    (None, None), ("", None), ("   ", None), (" evt_1 ", "evt_1"), ("a" * 256, "a" * 256)])
+def test_delivery_id_header_values(raw: str | None, expected: str | None) -> None:
+    assert delivery_id_of(raw) == expected
+
+
+@pytest.mark.parametrize("raw", ["a" * 257, "évt", "a\x01b"])
+def test_an_unusable_delivery_id_is_a_400(raw: str) -> None:
+    with pytest.raises(BodyError) as caught:
+        delivery_id_of(raw)
+    assert caught.value.reason == "invalid_delivery_id"
+
+
+@pytest.mark.parametrize(("raw", "expected"), [
+    (None, None), ("1", 1), (" 5 ", 5), ("x", None), ("-1", None), ("99999", None), ("٣", None)])
+def test_attempt_header_values_are_numbers_or_unknown(raw: str | None,
+                                                      expected: int | None) -> None:
+    assert attempt_of(raw) == expected

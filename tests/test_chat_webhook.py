@@ -1,0 +1,325 @@
+"""POST /webhooks/chat/{phoneNumberId} through a real HTTP server and a real database."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+import structlog
+from psycopg_pool import AsyncConnectionPool
+
+from hookledger import logs
+from ingest.chat_secrets import ChatSecretStore, fingerprint
+from tests.chat_events import PHONE, chat_header, encode, inbound, status
+from tests.live import running_service
+
+SECRETS = {PHONE: "chat-secret-alpha-1", "2000000002": "chat-secret-beta-2",
+           "3000000003": "chat-secret-gamma-3"}
+GRACE = 600
+
+
+@pytest.fixture
+def service(db_url: str) -> Iterator[str]:
+    with running_service(db_url, chat_secrets=SECRETS, rotation_grace_s=GRACE,
+                         max_body_bytes=64 * 1024) as base:
+        yield base
+
+
+def post(base: str, phone: str, raw: bytes, *, secret: str | None = None,
+         t: int | None = None, delivery_id: str | None = "dlv-1", attempt: int = 1,
+         headers: dict[str, str] | None = None) -> httpx.Response:
+    sent = {"content-type": "application/json", "user-agent": "service-chat-webhook/1.0",
+            "x-service-attempt": str(attempt)}
+    if delivery_id is not None:
+        sent["x-service-delivery-id"] = delivery_id
+    if secret is not None:
+        sent["x-service-signature"] = chat_header(secret, raw, t or int(time.time()))
+    sent.update(headers or {})
+    return httpx.post(f"{base}/webhooks/chat/{phone}", content=raw, headers=sent, timeout=10)
+
+
+def rows(db_url: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    with psycopg.connect(db_url) as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+def count(db_url: str) -> int:
+    return int(rows(db_url, "SELECT count(*) FROM hookledger.ledger")[0][0])
+
+
+def test_an_inbound_message_is_accepted_and_kept_with_source_chat(service: str,
+                                                                  db_url: str) -> None:
+    raw = encode(inbound("image"))
+    answer = post(service, PHONE, raw, secret=SECRETS[PHONE], attempt=3)
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["status"] == "accepted" and body["duplicate"] is False
+    [(position, stream, event_type, source, raw_body, verified_by, endpoint, key, facts,
+      occurred)] = rows(db_url, "SELECT position, stream, event_type, source, raw_body, "
+                                "verified_by, endpoint, dedupe_key, facts, occurred_at "
+                                "FROM hookledger.ledger")
+    assert position == body["position"]
+    assert (stream, event_type, source) == ("chat-message:wamid.IN1", "chat.message.received",
+                                            "chat")
+    assert bytes(raw_body) == raw
+    assert verified_by == fingerprint(SECRETS[PHONE]) and endpoint == f"chat/{PHONE}"
+    assert key == "chat:delivery:dlv-1"
+    assert facts["attempt"] == 3 and facts["user_agent"] == "service-chat-webhook/1.0"
+    assert facts["media_id"] == "media-image-1" and facts["code"] == 95003
+    assert occurred == datetime(2023, 11, 14, 22, 13, 20, tzinfo=UTC)
+
+
+def test_statuses_of_one_message_share_its_stream_and_unknown_types_are_kept(
+        service: str, db_url: str) -> None:
+    for i, value in enumerate(["sent", "read", "delivered"]):
+        raw = encode(status(value))
+        assert post(service, PHONE, raw, secret=SECRETS[PHONE],
+                    delivery_id=f"st-{i}").status_code == 200
+    raw = encode({"type": "reaction", "phoneNumberId": PHONE})
+    assert post(service, PHONE, raw, secret=SECRETS[PHONE], delivery_id="x").status_code == 200
+    assert rows(db_url, "SELECT stream, event_type, facts->>'code' FROM hookledger.ledger") == [
+        ("chat-message:wamid.OUT1", "chat.message.sent", "95000"),
+        ("chat-message:wamid.OUT1", "chat.message.read", "95002"),
+        ("chat-message:wamid.OUT1", "chat.message.delivered", "95001"),
+        (f"chat-unrecognised:{PHONE}", "chat.unrecognised", None),
+    ]
+
+
+def test_retries_of_one_delivery_id_are_one_ledger_event(service: str, db_url: str) -> None:
+    """Attempts 1..5, each signed anew as the provider does, are answered duplicate after 1."""
+    raw = encode(status("delivered"))
+    answers = [post(service, PHONE, raw, secret=SECRETS[PHONE], delivery_id="evt-42",
+                    attempt=attempt, t=int(time.time()) - attempt)
+               for attempt in range(1, 6)]
+    assert [a.status_code for a in answers] == [200] * 5
+    assert [a.json()["duplicate"] for a in answers] == [False, True, True, True, True]
+    assert len({a.json()["position"] for a in answers}) == 1
+    assert count(db_url) == 1
+    assert rows(db_url, "SELECT facts->>'attempt' FROM hookledger.ledger") == [("1",)]
+
+
+@pytest.mark.slow
+def test_a_retry_storm_keeps_exactly_one_event_per_delivery_id(service: str,
+                                                               db_url: str) -> None:
+    deliveries = 200
+    retries = 4
+
+    async def storm() -> list[httpx.Response]:
+        limits = httpx.Limits(max_connections=64)
+        async with httpx.AsyncClient(timeout=30, limits=limits) as client:
+            requests = []
+            for attempt in range(1, retries + 1):
+                for n in range(deliveries):
+                    phone = list(SECRETS)[n % 3]
+                    raw = encode(status("read", message_id=f"wamid.S{n}", phone=phone))
+                    requests.append(client.post(
+                        f"{service}/webhooks/chat/{phone}", content=raw, headers={
+                            "x-service-signature": chat_header(SECRETS[phone], raw,
+                                                               int(time.time())),
+                            "x-service-delivery-id": f"storm-{n}",
+                            "x-service-attempt": str(attempt)}))
+            random.Random(7).shuffle(requests)  # retries race their first attempts
+            return await asyncio.gather(*requests)
+
+    answers = asyncio.run(storm())
+    assert {a.status_code for a in answers} == {200}
+    assert sum(not a.json()["duplicate"] for a in answers) == deliveries
+    assert count(db_url) == deliveries
+    assert rows(db_url, "SELECT count(DISTINCT dedupe_key) FROM hookledger.ledger") == [
+        (deliveries,)]
+
+
+def test_numbers_never_verify_with_each_others_secret(service: str, db_url: str) -> None:
+    numbers = list(SECRETS)
+    for phone in numbers:
+        for other in numbers:
+            raw = encode(status("sent", phone=phone, message_id=f"m-{phone}"))
+            answer = post(service, phone, raw, secret=SECRETS[other],
+                          delivery_id=f"{phone}-{other}")
+            if other == phone:
+                assert answer.status_code == 200
+            else:
+                assert answer.status_code == 401
+                assert answer.json()["reason"] == "bad_signature"
+    assert rows(db_url, "SELECT endpoint, verified_by FROM hookledger.ledger") == [
+        (f"chat/{p}", fingerprint(SECRETS[p])) for p in numbers]
+    assert count(db_url) == 3
+
+
+def insert_retired(db_url: str, phone: str, secret: str, retired_ago: timedelta) -> None:
+    retired_at = datetime.now(UTC) - retired_ago
+    with psycopg.connect(db_url) as conn:
+        conn.execute(
+            "INSERT INTO hookledger_private.chat_secrets "
+            "(phone_number_id, secret, label, source, created_at, retired_at) "
+            "VALUES (%s, %s, %s, 'bootstrap', %s, %s)",
+            (phone, secret, fingerprint(secret), retired_at - timedelta(days=1), retired_at))
+
+
+def test_a_retired_secret_verifies_inside_the_grace_period_and_not_after(
+        service: str, db_url: str) -> None:
+    insert_retired(db_url, PHONE, "recently-retired-secret", timedelta(seconds=GRACE - 60))
+    insert_retired(db_url, PHONE, "long-retired-secret", timedelta(seconds=GRACE + 60))
+    raw = encode(inbound())
+    recent = post(service, PHONE, raw, secret="recently-retired-secret", delivery_id="a")
+    old = post(service, PHONE, raw, secret="long-retired-secret", delivery_id="b")
+    current = post(service, PHONE, raw, secret=SECRETS[PHONE], delivery_id="c")
+    assert recent.status_code == 200 and current.status_code == 200
+    assert old.status_code == 401 and old.json()["reason"] == "bad_signature"
+    assert rows(db_url, "SELECT verified_by FROM hookledger.ledger ORDER BY position") == [
+        (fingerprint("recently-retired-secret"),), (fingerprint(SECRETS[PHONE]),)]
+
+
+def rotate(db_url: str, phone: str, new_secret: str) -> None:
+    """Store a rotated secret as the CLI will, from outside the service's process."""
+    async def run() -> None:
+        async with AsyncConnectionPool(db_url, min_size=1, max_size=1, open=False,
+                                       kwargs={"autocommit": True}) as pool:
+            await ChatSecretStore(pool, grace_s=GRACE).store_rotated(
+                phone, new_secret, datetime.now(UTC))
+    asyncio.run(run())
+
+
+def test_after_a_rotation_the_new_secret_verifies_at_once_and_the_old_one_still(
+        service: str, db_url: str) -> None:
+    raw = encode(inbound())
+    assert post(service, PHONE, raw, secret=SECRETS[PHONE], delivery_id="r0").status_code == 200
+
+    rotate(db_url, PHONE, "chat-secret-alpha-rotated")
+    rotated_at = time.monotonic()
+    while True:  # the service's cache lets a rotation in within about a second
+        answer = post(service, PHONE, raw, secret="chat-secret-alpha-rotated",
+                      delivery_id="r1")
+        if answer.status_code == 200 or time.monotonic() - rotated_at > 5:
+            break
+        time.sleep(0.1)
+    assert answer.status_code == 200
+    assert time.monotonic() - rotated_at < 2.5
+    assert post(service, PHONE, raw, secret=SECRETS[PHONE], delivery_id="r2").status_code == 200
+
+
+@pytest.mark.parametrize(("phone", "headers", "raw", "sign_with", "status", "reason"), [
+    ("4040404040", {}, encode(inbound()), SECRETS[PHONE], 401, "unknown_phone_number"),
+    ("not..valid", {}, encode(inbound()), SECRETS[PHONE], 401, "unknown_phone_number"),
+    (PHONE, {}, encode(inbound()), None, 401, "missing_signature"),
+    (PHONE, {"x-service-signature": "garbage"}, encode(inbound()), None, 401,
+     "malformed_signature"),
+    (PHONE, {"x-service-signature": "v1=" + "a" * 64}, encode(inbound()), None, 401,
+     "missing_timestamp"),
+    (PHONE, {"x-service-signature": "t=1,t=2,v1=" + "a" * 64}, encode(inbound()), None, 401,
+     "duplicate_timestamp"),
+    (PHONE, {"x-service-signature": "t=1,v1=" + "a" * 64 + ",v1=" + "b" * 64},
+     encode(inbound()), None, 401, "multiple_v1"),
+    (PHONE, {"x-service-signature": "t=x,v1=" + "a" * 64}, encode(inbound()), None, 401,
+     "malformed_timestamp"),
+    (PHONE, {"x-service-signature": "t=1"}, encode(inbound()), None, 401, "missing_v1"),
+    (PHONE, {"x-service-signature": "t=1,v1=" + "z" * 64}, encode(inbound()), None, 401,
+     "malformed_v1"),
+    (PHONE, {"x-service-signature": "t=1,v1=abc"}, encode(inbound()), None, 401,
+     "wrong_length_v1"),
+    (PHONE, {}, encode(inbound()), "some-other-secret", 401, "bad_signature"),
+    (PHONE, {}, encode(inbound(phone="2000000002")), SECRETS[PHONE], 400,
+     "phone_number_mismatch"),
+    (PHONE, {}, b"not json", SECRETS[PHONE], 400, "invalid_json"),
+    (PHONE, {}, encode(inbound(timestamp=5)), SECRETS[PHONE], 400, "invalid_field"),
+    (PHONE, {"x-service-delivery-id": "x" * 300}, encode(inbound()), SECRETS[PHONE], 400,
+     "invalid_delivery_id"),
+    (PHONE, {"content-encoding": "gzip"}, encode(inbound()), SECRETS[PHONE], 415,
+     "unsupported_content_encoding"),
+    (PHONE, {}, b'{"pad":"' + b"x" * 70_000 + b'"}', SECRETS[PHONE], 413, "body_too_large"),
+])
+def test_refusals_are_answered_and_recorded_with_their_reason(
+        service: str, db_url: str, phone: str, headers: dict[str, str], raw: bytes,
+        sign_with: str | None, status: int, reason: str) -> None:
+    answer = post(service, phone, raw, secret=sign_with, headers=headers)
+    assert answer.status_code == status
+    assert answer.json() == {"status": "refused", "reason": reason}
+    assert count(db_url) == 0
+    [(endpoint, got, verified, http_status)] = rows(
+        db_url, "SELECT endpoint, reason, verified, http_status "
+                "FROM hookledger.rejected_deliveries")
+    assert (endpoint, got, http_status) == (f"chat/{phone}", reason, status)
+    assert verified is (status == 400)
+
+
+def test_a_stale_but_genuine_delivery_is_refused_as_stale(service: str, db_url: str) -> None:
+    raw = encode(inbound())
+    for t in (int(time.time()) - 400, int(time.time()) + 400):
+        answer = post(service, PHONE, raw, secret=SECRETS[PHONE], t=t)
+        assert answer.status_code == 401 and answer.json()["reason"] == "stale_timestamp"
+    assert rows(db_url, "SELECT reason FROM hookledger.rejected_deliveries") == [
+        ("stale_timestamp",), ("stale_timestamp",)]
+    assert count(db_url) == 0
+
+
+def test_an_unavailable_ledger_is_503_never_200(service: str, db_url: str) -> None:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("ALTER TABLE hookledger_private.ledger_events RENAME TO ledger_away")
+        try:
+            answer = post(service, PHONE, encode(inbound()), secret=SECRETS[PHONE])
+        finally:
+            conn.execute("ALTER TABLE hookledger_private.ledger_away RENAME TO ledger_events")
+    assert answer.status_code == 503
+    answer = post(service, PHONE, encode(inbound()), secret=SECRETS[PHONE])
+    assert answer.status_code == 200 and answer.json()["duplicate"] is False
+
+
+def test_chat_metrics_count_accepted_duplicates_and_refusals(service: str) -> None:
+    raw = encode(inbound())
+    post(service, PHONE, raw, secret=SECRETS[PHONE])
+    post(service, PHONE, raw, secret=SECRETS[PHONE], attempt=2)
+    post(service, PHONE, raw)
+    post(service, "777", raw, secret=SECRETS[PHONE])
+    text = httpx.get(f"{service}/metrics").text
+    assert 'hookledger_deliveries_accepted_total{system="chat"} 1.0' in text
+    assert 'hookledger_deliveries_duplicate_total{system="chat"} 1.0' in text
+    assert ('hookledger_deliveries_refused_total{reason="missing_signature",system="chat"} 1.0'
+            in text)
+    assert ('hookledger_deliveries_refused_total{reason="unknown_phone_number",system="chat"}'
+            ' 1.0' in text)
+    for secret in SECRETS.values():
+        assert secret not in text
+
+
+@pytest.fixture
+def json_logs(capsys: pytest.CaptureFixture[str]) -> Iterator[None]:
+    logs.configure(fmt="json", level="debug", secrets=[], cache=False)  # no masker help
+    yield
+    structlog.reset_defaults()
+
+
+def test_no_secret_in_logs_rejections_or_answers(
+        db_url: str, json_logs: None, capsys: pytest.CaptureFixture[str]) -> None:
+    secret = SECRETS[PHONE]
+    answers = []
+    with running_service(db_url, chat_secrets=SECRETS) as base:
+        raw = encode(inbound())
+        answers.append(post(base, PHONE, raw, secret=secret))
+        answers.append(post(base, PHONE, raw, secret=secret, delivery_id=None))
+        answers.append(post(base, PHONE, raw, headers={"x-service-signature": secret}))
+        answers.append(post(base, PHONE, raw, secret=secret[:-1]))
+        answers.append(post(base, PHONE, b"[]", secret=secret))
+        answers.append(post(base, "2000000002", raw, secret=secret))
+        rotate(db_url, PHONE, "rotated-secret-value-9")
+    err = capsys.readouterr().err
+    lines = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    events = {line["event"] for line in lines}
+    assert {"chat_secret.bootstrapped", "chat_secret.rotated", "delivery.accepted",
+            "delivery.refused"} <= events
+    accepted = [line for line in lines if line["event"] == "delivery.accepted"]
+    assert accepted[0]["verified_by"] == fingerprint(secret)
+    stored = rows(db_url, "SELECT reason, detail, headers::text, body_prefix "
+                          "FROM hookledger.rejected_deliveries")
+    assert {r[0] for r in stored} == {"malformed_signature", "bad_signature", "not_an_object"}
+    for value in [*SECRETS.values(), "rotated-secret-value-9"]:
+        for where, text in [("logs", err), ("rejections", repr(stored)),
+                            ("answers", "".join(a.text for a in answers))]:
+            assert value not in text, (where, text[max(0, text.find(value) - 200):][:400])
