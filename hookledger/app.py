@@ -6,9 +6,11 @@ reconciliation) together; nothing imports it but the command line and tests.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -20,9 +22,12 @@ from starlette.routing import Route
 
 from hookledger.settings import Settings
 from ingest.appender import BatchingAppender
+from ingest.chat_endpoint import ChatEndpoint
+from ingest.chat_secrets import ChatSecretStore
 from ingest.general_endpoint import GeneralEndpoint
 from ingest.metrics import IngestMetrics
 from ledger import LedgerStore
+from projections.live import LiveProjector
 
 log = structlog.get_logger("hookledger.service")
 
@@ -34,7 +39,7 @@ class Runtime:
     pool: AsyncConnectionPool
     store: LedgerStore
     appender: BatchingAppender
-    metrics: IngestMetrics = field(default_factory=IngestMetrics.create)
+    metrics: IngestMetrics
 
 
 def create_app(settings: Settings, database_url: str) -> Starlette:
@@ -43,33 +48,52 @@ def create_app(settings: Settings, database_url: str) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        pool = AsyncConnectionPool(
-            database_url, min_size=2, max_size=settings.db_pool_size, open=False,
-            kwargs={"autocommit": True}, name="hookledger",
-        )
-        await pool.open(wait=True, timeout=30)
-        store = LedgerStore(pool)
-        appender = BatchingAppender(store.append, max_batch=settings.append_max_batch,
-                                    max_wait_s=settings.append_max_wait_ms / 1000)
-        appender.start()
-        runtime = Runtime(pool, store, appender, metrics)
-        holder["runtime"] = runtime
-        general = GeneralEndpoint(
-            secrets={k: v.get_secret_value().encode() for k, v in
-                     settings.general_secrets.items()},
-            zone=settings.zone, max_body_bytes=settings.max_body_bytes, appender=appender,
-            pool=pool, metrics=metrics)
-        app.state.general = general
-        log.info("service.started", general_webhooks=sorted(settings.general_secrets))
-        try:
+        # everything started is released in reverse order, whatever fails on the way
+        async with contextlib.AsyncExitStack() as stack:
+            pool = AsyncConnectionPool(
+                database_url, min_size=2, max_size=settings.db_pool_size, open=False,
+                kwargs={"autocommit": True}, name="hookledger",
+            )
+            await pool.open(wait=True, timeout=30)
+            stack.push_async_callback(pool.close)
+            store = LedgerStore(pool)
+            appender = BatchingAppender(store.append, max_batch=settings.append_max_batch,
+                                        max_wait_s=settings.append_max_wait_ms / 1000)
+            appender.start()
+            stack.push_async_callback(appender.close)
+            holder["runtime"] = Runtime(pool, store, appender, metrics)
+            app.state.general = GeneralEndpoint(
+                secrets={k: v.get_secret_value().encode() for k, v in
+                         settings.general_secrets.items()},
+                zone=settings.zone, max_body_bytes=settings.max_body_bytes,
+                appender=appender, pool=pool, metrics=metrics)
+            chat_secrets = ChatSecretStore(pool, grace_s=settings.rotation_grace_s)
+            await chat_secrets.bootstrap(
+                {k: v.get_secret_value() for k, v in settings.chat_secrets.items()},
+                datetime.now(UTC))
+            app.state.chat = ChatEndpoint(
+                secrets=chat_secrets, tolerance_s=settings.chat_tolerance_s,
+                max_body_bytes=settings.max_body_bytes, appender=appender, pool=pool,
+                metrics=metrics)
+            projector = LiveProjector(database_url, batch_size=settings.projector_batch_size)
+            app.state.projector = projector
+            projector_task = asyncio.create_task(projector.run(), name="hookledger-projector")
+
+            async def stop_projector() -> None:
+                projector.stop()  # the batch in flight commits: it stops at a batch boundary
+                await projector_task
+
+            stack.push_async_callback(stop_projector)
+            log.info("service.started", general_webhooks=sorted(settings.general_secrets),
+                     chat_numbers=len(settings.chat_secrets))
             yield
-        finally:
-            await appender.close()
-            await pool.close()
-            log.info("service.stopped", batches=appender.batches, events=appender.events)
+        log.info("service.stopped", batches=appender.batches, events=appender.events)
 
     async def general_webhook(request: Request) -> Response:
         return await request.app.state.general(request)
+
+    async def chat_webhook(request: Request) -> Response:
+        return await request.app.state.chat(request)
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "alive"})
@@ -93,6 +117,7 @@ def create_app(settings: Settings, database_url: str) -> Starlette:
     return Starlette(
         routes=[
             Route("/webhooks/general/{name}", general_webhook, methods=["POST"]),
+            Route("/webhooks/chat/{phone_number_id}", chat_webhook, methods=["POST"]),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
             Route("/metrics", metrics_endpoint, methods=["GET"]),

@@ -114,6 +114,65 @@ def migrate_command() -> None:
     click.echo("migrations applied")
 
 
+@main.command()
+@click.option("--verify", is_flag=True,
+              help="Rebuild into a shadow schema and compare with the live projections, "
+                   "touching nothing live.")
+@click.option("--batch-size", default=5000, show_default=True, type=click.IntRange(min=1))
+def rebuild(verify: bool, batch_size: int) -> None:
+    """Rebuild every projection from the ledger (or verify the live ones against a rebuild)."""
+    import asyncio
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from projections import rebuild as rebuilding
+
+    settings = load_settings()
+    _configure_logging(settings)
+    try:
+        with database(settings) as url:
+            migrate.upgrade(url)
+            head = asyncio.run(_head(url))
+            with Progress("[progress.description]{task.description}", BarColumn(),
+                          MofNCompleteColumn(), TimeElapsedColumn(),
+                          transient=False) as bar:
+                task = bar.add_task("verifying" if verify else "rebuilding", total=head or 1)
+
+                def advance(position: int) -> None:
+                    bar.update(task, completed=min(position, head))
+
+                if verify:
+                    result = asyncio.run(rebuilding.verify(url, batch_size=batch_size,
+                                                           progress=advance))
+                else:
+                    done = asyncio.run(rebuilding.rebuild(url, batch_size=batch_size,
+                                                          progress=advance))
+                bar.update(task, completed=head or 1)
+    except EmbeddedPostgresError as exc:
+        _fail(str(exc))
+    if not verify:
+        click.echo(f"rebuilt from {done.events} events in {done.seconds:.2f} s "
+                   f"({done.rate:,.0f} events/s)")
+        return
+    click.echo(f"verified up to position {result.checkpoint}: " + ", ".join(
+        f"{table} {count} rows" for table, count in result.rows.items()))
+    if result.identical:
+        click.echo("live projections are identical to a rebuild")
+        return
+    for difference in result.differences:
+        click.echo(f"DIFFERS {difference.table} {difference.key}: {difference.kind}")
+    sys.exit(1)
+
+
+async def _head(url: str) -> int:
+    import psycopg
+
+    async with await psycopg.AsyncConnection.connect(url) as conn:
+        cur = await conn.execute("SELECT coalesce(max(position), 0) FROM hookledger.ledger")
+        row = await cur.fetchone()
+        return int(row[0]) if row else 0
+
+
 @main.group()
 def db() -> None:
     """The database in use."""
@@ -131,6 +190,13 @@ def db_url() -> None:
     if not (embedded.socket_dir / ".s.PGSQL.5432").exists():
         click.echo("note: the embedded server is not running now; it runs while "
                    "'hookledger serve' does", err=True)
+
+
+from hookledger.demo import demo  # noqa: E402
+from sandbox.cli import sandbox  # noqa: E402
+
+main.add_command(sandbox)
+main.add_command(demo)
 
 
 if __name__ == "__main__":  # pragma: no cover

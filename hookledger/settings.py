@@ -82,6 +82,7 @@ class Settings(BaseSettings):
     db_pool_size: int = Field(default=10, gt=0)
     append_max_batch: int = Field(default=256, gt=0)
     append_max_wait_ms: float = Field(default=0.0, ge=0)
+    projector_batch_size: int = Field(default=1000, gt=0)
 
     @field_validator("general_secrets", mode="before")
     @classmethod

@@ -105,9 +105,11 @@ async def append_in(conn: psycopg.AsyncConnection[Any], events: Sequence[NewEven
     return results
 
 
-async def read_in(conn: psycopg.AsyncConnection[Any], after: int, limit: int
-                  ) -> list[StoredEvent]:
+async def read_in(conn: psycopg.AsyncConnection[Any], after: int, limit: int, *,
+                  facts_only: bool = False) -> list[StoredEvent]:
+    """Events after ``after`` in order; ``facts_only`` leaves out bodies and headers."""
     async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(_sql("read_from"), {"after": after, "limit": limit})
+        await cur.execute(_sql("read_facts" if facts_only else "read_from"),
+                          {"after": after, "limit": limit})
         rows = await cur.fetchall()
     return [StoredEvent(**row) for row in rows]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine, text
 
-from ledger.schema import PRIVATE_SCHEMA, metadata
+from hookledger.schema import PRIVATE_SCHEMA, metadata
 
 MIGRATION_LOCK_KEY = 0x686F6F6B6D696772  # "hookmigr"
 

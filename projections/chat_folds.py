@@ -1,0 +1,104 @@
+"""Pure folds of chat events into chat messages and chat threads.
+
+A message's status only moves forwards: ``sent`` < ``delivered`` < ``read``, and ``failed``
+is terminal. The provider retries for hours, so ``read`` may well arrive before
+``delivered``; ranking by status (not by arrival) keeps ``read``. Each status keeps its own
+timestamp. A thread is (connected number, customer); each inbound message opens or extends
+its 24-hour service window, counted from the customer's last inbound message.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from ledger import StoredEvent
+from projections.folding import (
+    Discrepancy,
+    key_from_json,
+    key_to_json,
+    merge_descriptive,
+    sort_key,
+)
+
+Row = dict[str, Any]
+WINDOW = timedelta(hours=24)
+STATUS_RANK = {"received": 0, "sent": 1, "delivered": 2, "read": 3, "failed": 4}
+CHAT_EVENTS = frozenset({"chat.message.received", "chat.message.sent",
+                         "chat.message.delivered", "chat.message.read", "chat.message.failed"})
+THREAD_SEPARATOR = "\x1f"
+
+
+def message_keys(event: StoredEvent) -> list[str]:
+    if event.event_type in CHAT_EVENTS and event.facts.get("message_id"):
+        return [event.facts["message_id"]]
+    return []
+
+
+def fold_message(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrepancy]]:
+    facts = dict(event.facts)
+    status = facts["status"]
+    key = sort_key(STATUS_RANK[status], event.occurred_at, event.position)
+    state: Row = dict(row) if row is not None else {
+        "message_id": facts["message_id"], "status": None, "code": None, "error_code": None,
+        "error_title": None, "updated_at": None, "winner": None, "provenance": {},
+        "received_at": None, "sent_at": None, "delivered_at": None, "read_at": None,
+        "failed_at": None, "event_count": 0, "last_position": 0}
+    if state["winner"] is None or key > key_from_json(state["winner"]):
+        state.update(status=status, code=facts.get("code"), updated_at=event.occurred_at,
+                     error_code=facts.get("error_code"), error_title=facts.get("error_title"),
+                     winner=key_to_json(key))
+    column = f"{status}_at"
+    if event.occurred_at is not None and (
+            state[column] is None or event.occurred_at < state[column]):
+        state[column] = event.occurred_at
+    descriptive = {
+        "phone_number_id": facts.get("phone_number_id"),
+        "contact_wa_id": facts.get("contact_wa_id"),
+        "direction": facts.get("direction"),
+        "type": facts.get("message_type"),
+        "body": facts.get("body"),
+        "media_id": facts.get("media_id"),
+    }
+    # the inbound message itself describes a message best: rank it above every status
+    describe_key = (9 if status == "received" else 0, *key[1:])
+    current = {name: state.get(name) for name in descriptive}
+    values, provenance = merge_descriptive(current, state["provenance"], descriptive,
+                                           describe_key)
+    state.update(values)
+    state["provenance"] = provenance
+    state["event_count"] += 1
+    state["last_position"] = max(state["last_position"], event.position)
+    return state, []
+
+
+def thread_keys(event: StoredEvent) -> list[str]:
+    facts = event.facts
+    if event.event_type != "chat.message.received":
+        return []
+    if not facts.get("phone_number_id") or not facts.get("contact_wa_id"):
+        return []
+    return [f"{facts['phone_number_id']}{THREAD_SEPARATOR}{facts['contact_wa_id']}"]
+
+
+def fold_thread(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrepancy]]:
+    facts = dict(event.facts)
+    state: Row = dict(row) if row is not None else {
+        "thread_key": thread_keys(event)[0], "phone_number_id": facts["phone_number_id"],
+        "contact_wa_id": facts["contact_wa_id"], "profile_name": None,
+        "last_inbound_at": None, "window_expires_at": None, "last_message_id": None,
+        "provenance": {}, "event_count": 0, "last_position": 0}
+    at: datetime | None = event.occurred_at
+    if at is not None and (state["last_inbound_at"] is None or at > state["last_inbound_at"]):
+        state["last_inbound_at"] = at
+        state["window_expires_at"] = at + WINDOW
+        state["last_message_id"] = facts.get("message_id")
+    key = sort_key(0, at, event.position)
+    values, provenance = merge_descriptive({"profile_name": state["profile_name"]},
+                                           state["provenance"],
+                                           {"profile_name": facts.get("profile_name")}, key)
+    state.update(values)
+    state["provenance"] = provenance
+    state["event_count"] += 1
+    state["last_position"] = max(state["last_position"], event.position)
+    return state, []

@@ -1,0 +1,308 @@
+"""Pure folds of general (system A) events into payments, payouts, invoices and SMS rows.
+
+Each ``fold_*`` takes the subject's current row (or ``None``) and one ledger event and
+returns the new row and any discrepancies found. A row is a plain dict of its table's
+columns, bookkeeping included (``winner`` key, ``provenance``, ``event_count``...), so the
+SQL layer only loads and stores dicts.
+"""
+
+from __future__ import annotations
+
+from datetime import date, datetime
+from decimal import Decimal
+from typing import Any
+
+from ledger import StoredEvent
+from projections.folding import (
+    Discrepancy,
+    SortKey,
+    decimal_or_none,
+    key_from_json,
+    key_to_json,
+    merge_descriptive,
+    sort_key,
+)
+
+Row = dict[str, Any]
+
+PAYMENT_RANK = {"payment.failed": 1, "payment.confirmed": 2, "payment.refunded": 3}
+PAYOUT_RANK = {"payout.approved": 1, "payout.failed": 2, "payout.confirmed": 3}
+SMS_RANK = {"sms.failed": 1, "sms.delivered": 2}
+# the invoice's own events outrank a part payment that carries the same block
+INVOICE_RANK = {"invoice.created": 0, "payment.confirmed": 1, "invoice.updated": 2,
+                "invoice.paid": 3, "invoice.cancelled": 3}
+
+
+def _facts(event: StoredEvent) -> dict[str, Any]:
+    return dict(event.facts)
+
+
+def _event_key(event: StoredEvent, rank: int) -> SortKey:
+    return sort_key(rank, event.occurred_at, event.position)
+
+
+SLOT_OF_EVENT = {"payment.confirmed": "confirmed", "payment.refunded": "refunded",
+                 "payment.failed": "failed", "payout.confirmed": "confirmed",
+                 "payout.failed": "failed"}
+
+
+def _fold_money(row: Row | None, event: StoredEvent, *, kind: str, rank: int,
+                descriptive: dict[str, Any]) -> tuple[Row, list[Discrepancy]]:
+    """Payments and payouts: the highest-ranked event decides the state.
+
+    ``evidence`` keeps, per slot (confirmed, refunded, failed), the highest-keyed event of
+    that kind, so conflicts are found whatever the arrival order: a failure beside a
+    success, or a confirmation whose amount differs from another confirmation's.
+    """
+    facts = _facts(event)
+    key = _event_key(event, rank)
+    reference = facts["reference"]
+    amount = decimal_or_none(facts.get("amount"))
+    candidate: Row = {
+        "reference": reference,
+        "status": facts.get("status"),
+        "outcome": facts["outcome"],
+        "code": facts.get("code"),
+        "amount": amount,
+        "last_event": facts["event"],
+        "updated_at": event.occurred_at,
+    }
+    state: Row = dict(row) if row is not None else {
+        **candidate, "winner": None, "provenance": {}, "evidence": {}, "conflicted": False,
+        "event_count": 0, "last_position": 0}
+    evidence: dict[str, list[Any]] = dict(state["evidence"])
+    found: list[Discrepancy] = []
+    slot = SLOT_OF_EVENT.get(facts["event"])
+    if slot is not None:
+        found = _conflicts(evidence, slot, event.dedupe_key, amount, kind, reference)
+        held = evidence.get(slot)
+        if held is None or key > key_from_json(held[0]):
+            evidence[slot] = [key_to_json(key), event.dedupe_key,
+                              None if amount is None else str(amount)]
+    if state["winner"] is None or key > key_from_json(state["winner"]):
+        state.update(candidate)
+        state["winner"] = key_to_json(key)
+    current = {name: state.get(name) for name in descriptive}
+    values, provenance = merge_descriptive(current, state["provenance"], descriptive, key)
+    state.update(values)
+    state["provenance"] = provenance
+    state["evidence"] = evidence
+    state["conflicted"] = state["conflicted"] or bool(found)
+    state["event_count"] += 1
+    state["last_position"] = max(state["last_position"], event.position)
+    return state, found
+
+
+def _conflicts(evidence: dict[str, list[Any]], slot: str, dedupe_key: str,
+               amount: Decimal | None, kind: str, reference: str) -> list[Discrepancy]:
+    success_slots = [s for s in ("confirmed", "refunded") if s in evidence]
+    if slot == "failed" and success_slots and "failed" not in evidence:
+        other = evidence[success_slots[0]]
+        return [_conflict(kind, reference, "a failure was reported after a success",
+                          decimal_or_none(other[2]), dedupe_key, other[1])]
+    if slot in ("confirmed", "refunded") and "failed" in evidence and not success_slots:
+        return [_conflict(kind, reference, "a success was reported beside a failure",
+                          amount, dedupe_key, evidence["failed"][1])]
+    held = evidence.get("confirmed")
+    if slot == "confirmed" and held is not None and held[1] != dedupe_key:
+        seen = decimal_or_none(held[2])
+        if seen is not None and amount is not None and seen != amount:
+            return [_conflict(kind, reference, f"the amount changed from {seen} to {amount}",
+                              abs(seen - amount), dedupe_key, held[1])]
+    return []
+
+
+def _conflict(kind: str, reference: str, detail: str, at_risk: Decimal | None,
+              *keys: str) -> Discrepancy:
+    return Discrepancy(kind="conflicting_events", subject=kind, reference=reference,
+                       detail=f"{detail}; kept the best-supported state",
+                       amount_at_risk=at_risk, evidence=tuple(sorted(keys)))
+
+
+# -- payments (collections) ---------------------------------------------------------------
+
+def payment_keys(event: StoredEvent) -> list[str]:
+    return [event.facts["reference"]] if event.event_type in PAYMENT_RANK else []
+
+
+def fold_payment(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrepancy]]:
+    facts = _facts(event)
+    customer = facts.get("customer") or {}
+    invoice = facts.get("invoice") or {}
+    descriptive = {
+        "transaction_id": facts.get("transaction_id"),
+        "customer_reference": facts.get("customer_reference"),
+        "phone_number": customer.get("phone_number"),
+        "mno": customer.get("mno"),
+        "invoice_no": invoice.get("invoice_no"),
+    }
+    return _fold_money(row, event, kind="collection", rank=PAYMENT_RANK[event.event_type],
+                       descriptive=descriptive)
+
+
+# -- payouts ------------------------------------------------------------------------------
+
+def payout_keys(event: StoredEvent) -> list[str]:
+    return [event.facts["reference"]] if event.event_type in PAYOUT_RANK else []
+
+
+def fold_payout(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrepancy]]:
+    facts = _facts(event)
+    descriptive = {"transaction_id": facts.get("transaction_id"),
+                   "customer_reference": facts.get("customer_reference")}
+    new, found = _fold_money(row, event, kind="payout", rank=PAYOUT_RANK[event.event_type],
+                             descriptive=descriptive)
+    # the provider refunds a failed payout's balance to the wallet by itself
+    new["refunded_to_wallet"] = new["outcome"] == "failure"
+    return new, found
+
+
+# -- SMS ----------------------------------------------------------------------------------
+
+def sms_keys(event: StoredEvent) -> list[str]:
+    return [event.facts["reference"]] if event.event_type in SMS_RANK else []
+
+
+def fold_sms(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrepancy]]:
+    facts = _facts(event)
+    rank = SMS_RANK[event.event_type]
+    key = _event_key(event, rank)
+    status = "delivered" if event.event_type == "sms.delivered" else "failed"
+    candidate = {"message_id": facts["reference"], "status": status, "code": facts.get("code"),
+                 "updated_at": event.occurred_at}
+    descriptive = {"recipient": facts.get("customer_reference")}
+    if row is None:
+        values, provenance = merge_descriptive({}, {}, descriptive, key)
+        return {**candidate, **values, "winner": key_to_json(key), "provenance": provenance,
+                "statuses": [status], "conflicted": False, "event_count": 1,
+                "last_position": event.position}, []
+    found: list[Discrepancy] = []
+    statuses = sorted(set(row["statuses"]) | {status})
+    if len(statuses) == 2 and len(row["statuses"]) == 1:  # delivered and failed, first time
+        found.append(Discrepancy(
+            kind="conflicting_events", subject="sms", reference=facts["reference"],
+            detail="both delivered and failed were reported; kept delivered",
+            amount_at_risk=None, evidence=(event.dedupe_key,)))
+    values, provenance = merge_descriptive({"recipient": row.get("recipient")}, row["provenance"],
+                                           descriptive, key)
+    base = candidate if key > key_from_json(row["winner"]) else {k: row[k] for k in candidate}
+    return {**base, **values, "winner": key_to_json(max(key, key_from_json(row["winner"]))),
+            "provenance": provenance, "statuses": statuses,
+            "conflicted": row["conflicted"] or bool(found),
+            "event_count": row["event_count"] + 1,
+            "last_position": max(row["last_position"], event.position)}, found
+
+
+# -- invoices -----------------------------------------------------------------------------
+
+def invoice_keys(event: StoredEvent) -> list[str]:
+    invoice = event.facts.get("invoice")
+    if event.event_type.startswith("invoice."):
+        number = (invoice or {}).get("invoice_no") or event.facts["reference"]
+        return [number]
+    if event.event_type == "payment.confirmed" and invoice and invoice.get("invoice_no"):
+        return [invoice["invoice_no"]]  # a part payment against an invoice
+    return []
+
+
+def _parse_date(text: str | None) -> date | None:
+    if not text:
+        return None
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        return None
+
+
+def _parse_instant(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo is not None else None
+
+
+def invoice_status(*, cancelled: bool, amount_paid: Decimal | None,
+                   amount_due: Decimal | None) -> str:
+    if cancelled:
+        return "cancelled"
+    if amount_due is not None and amount_due == 0:
+        return "paid"
+    if amount_paid is not None and amount_paid > 0:
+        return "partially_paid"
+    return "open"
+
+
+def fold_invoice(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrepancy]]:
+    """Amounts come from the latest invoice block; settled exactly when amount_due is 0.
+
+    "Latest" is by the provider's time, then by money received (it only grows), then rank,
+    then position. ``amount`` on invoice events is the TOTAL and is used only as a fallback
+    for ``total``; it is never money received.
+    """
+    facts = _facts(event)
+    block = facts.get("invoice") or {}
+    number = invoice_keys(event)[0]
+    paid = decimal_or_none(block.get("amount_paid"))
+    block_key = [event.occurred_at.timestamp() if event.occurred_at else 0.0,
+                 str(paid if paid is not None else -1), INVOICE_RANK[event.event_type],
+                 event.position]
+    is_invoice_event = event.event_type.startswith("invoice.")
+    found: list[Discrepancy] = []
+    state = dict(row) if row is not None else {
+        "invoice_no": number, "total": None, "amount_paid": None, "amount_due": None,
+        "currency": None, "due_date": None, "paid_date": None, "payment_reference": None,
+        "cancelled": False, "paid_event": False, "block_key": None, "provenance": {},
+        "event_count": 0, "last_position": 0, "updated_at": None, "last_event": None,
+        "conflicted": False}
+
+    if block and (state["block_key"] is None or _block_newer(block_key, state["block_key"])):
+        state["amount_paid"] = paid if paid is not None else state["amount_paid"]
+        due = decimal_or_none(block.get("amount_due"))
+        state["amount_due"] = due if due is not None else state["amount_due"]
+        state["block_key"] = block_key
+        state["updated_at"] = event.occurred_at
+        state["last_event"] = facts["event"]
+    key = sort_key(INVOICE_RANK[event.event_type], event.occurred_at, event.position)
+    total = decimal_or_none(block.get("total"))
+    if total is None and is_invoice_event:
+        total = decimal_or_none(facts.get("amount"))  # invoice events carry the TOTAL
+    descriptive = {
+        "total": total if is_invoice_event else None,
+        "currency": block.get("currency"),
+        "due_date": _parse_date(block.get("due_date")),
+        "paid_date": _parse_instant(block.get("paid_date")),
+        "payment_reference": block.get("payment_reference"),
+    }
+    current = {name: state.get(name) for name in descriptive}
+    values, provenance = merge_descriptive(current, state["provenance"], descriptive, key)
+    state.update(values)
+    state["provenance"] = provenance
+    if event.event_type == "invoice.cancelled":
+        state["cancelled"] = True
+    if event.event_type == "invoice.paid":
+        state["paid_event"] = True
+        due = decimal_or_none(block.get("amount_due"))
+        if due is None or due != 0:
+            found.append(Discrepancy(
+                kind="unsettled_paid_invoice", subject="invoice", reference=number,
+                detail=f"invoice.paid arrived with amountDue {due}; not settled",
+                amount_at_risk=due, evidence=(event.dedupe_key,)))
+            state["conflicted"] = True
+    if state["updated_at"] is None:
+        state["updated_at"] = event.occurred_at
+        state["last_event"] = facts["event"]
+    state["settled"] = state["amount_due"] is not None and state["amount_due"] == 0
+    state["status"] = invoice_status(cancelled=state["cancelled"],
+                                     amount_paid=state["amount_paid"],
+                                     amount_due=state["amount_due"])
+    state["event_count"] += 1
+    state["last_position"] = max(state["last_position"], event.position)
+    return state, found
+
+
+def _block_newer(candidate: list[Any], held: list[Any]) -> bool:
+    return (candidate[0], Decimal(candidate[1]), candidate[2], candidate[3]) > (
+        held[0], Decimal(held[1]), held[2], held[3])

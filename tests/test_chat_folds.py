@@ -1,0 +1,122 @@
+"""Pure folds of chat events: statuses never move backwards, the 24-hour window."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from itertools import count
+from typing import Any
+from uuid import uuid4
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ingest.chat_body import DeliveryMeta, read_chat
+from ledger import StoredEvent
+from projections.chat_folds import fold_message, fold_thread, message_keys, thread_keys
+from projections.registry import Row
+
+_positions = count(1)
+T0 = 1_795_000_000
+
+
+def chat_event(body: dict[str, Any], position: int | None = None) -> StoredEvent:
+    read = read_chat(body, DeliveryMeta(phone_number_id="100001", delivery_id=str(uuid4()),
+                                        attempt=1))
+    now = datetime.now(UTC)
+    return StoredEvent(position or next(_positions), uuid4(), read.stream, read.event_type,
+                       "chat", read.dedupe_key, None, json.loads(json.dumps(read.facts)), now,
+                       now, read.occurred_at, None, {}, None, None)
+
+
+def status(message_id: str, value: str, at: int, error: tuple[int, str] | None = None
+           ) -> dict[str, Any]:
+    body: dict[str, Any] = {"type": "status", "wabaId": "W", "phoneNumberId": "100001",
+                            "status": {"id": message_id, "status": value,
+                                       "timestamp": str(at), "recipient_id": "255700000001"}}
+    if error:
+        body["errors"] = [{"code": error[0], "title": error[1]}]
+    return body
+
+
+def inbound(message_id: str, at: int, contact: str = "255700000001", name: str = "Asha",
+            kind: str = "text") -> dict[str, Any]:
+    message: dict[str, Any] = {"id": message_id, "from": contact, "timestamp": str(at),
+                               "type": kind}
+    if kind == "text":
+        message["text"] = {"body": "habari"}
+    else:
+        message[kind] = {"id": f"media-{message_id}"}
+    return {"type": "message", "wabaId": "W", "phoneNumberId": "100001",
+            "contactWaId": contact, "profileName": name, "message": message}
+
+
+def fold(events: list[StoredEvent], keys: Any, folder: Any) -> dict[str, Row]:
+    rows: dict[str, Row] = {}
+    for event in events:
+        for key in keys(event):
+            rows[key], _ = folder(rows.get(key), event)
+    return rows
+
+
+def test_read_arriving_before_delivered_keeps_read_and_both_times() -> None:
+    events = [chat_event(status("m1", "sent", T0)), chat_event(status("m1", "read", T0 + 20)),
+              chat_event(status("m1", "delivered", T0 + 10))]
+    row = fold(events, message_keys, fold_message)["m1"]
+    assert (row["status"], row["code"]) == ("read", 95002)
+    assert row["delivered_at"] == datetime.fromtimestamp(T0 + 10, UTC)
+    assert row["read_at"] == datetime.fromtimestamp(T0 + 20, UTC)
+    assert row["direction"] == "outbound"
+
+
+def test_failed_is_terminal_with_its_mapped_cause() -> None:
+    failed = chat_event(status("m2", "failed", T0 + 5, (131047, "Re-engagement message")))
+    later = chat_event(status("m2", "read", T0 + 50))
+    for order in ([failed, later], [later, failed]):
+        row = fold(order, message_keys, fold_message)["m2"]
+        assert (row["status"], row["code"], row["error_code"], row["error_title"]) == (
+            "failed", 95063, "131047", "Re-engagement message")
+
+
+def test_an_unmapped_platform_error_is_95050() -> None:
+    row = fold([chat_event(status("m3", "failed", T0, (999999, "???")))], message_keys,
+               fold_message)["m3"]
+    assert row["code"] == 95050
+
+
+def test_an_inbound_media_message_is_received_with_its_media_id() -> None:
+    row = fold([chat_event(inbound("in1", T0, kind="image"))], message_keys, fold_message)["in1"]
+    assert (row["status"], row["code"], row["direction"], row["type"], row["media_id"]) == (
+        "received", 95003, "inbound", "image", "media-in1")
+
+
+def test_each_inbound_message_extends_the_window_and_a_late_old_one_does_not_shrink_it() -> None:
+    newer = chat_event(inbound("a", T0 + 3600, name="Asha M."))
+    older = chat_event(inbound("b", T0, name="Asha"))
+    rows = fold([newer, older], thread_keys, fold_thread)
+    [row] = rows.values()
+    assert row["last_inbound_at"] == datetime.fromtimestamp(T0 + 3600, UTC)
+    assert row["window_expires_at"] - row["last_inbound_at"] == timedelta(hours=24)
+    assert (row["profile_name"], row["last_message_id"]) == ("Asha M.", "a")
+
+
+def test_statuses_do_not_open_a_window() -> None:
+    assert thread_keys(chat_event(status("m9", "read", T0))) == []
+
+
+HIDDEN = {"winner", "provenance", "last_position"}
+
+
+@given(st.permutations(["sent", "delivered", "read", "failed"]), st.integers(0, 3))
+def test_status_order_of_arrival_never_matters(order: list[str], drop: int) -> None:
+    times = {"sent": T0, "delivered": T0 + 10, "read": T0 + 20, "failed": T0 + 30}
+    chosen = [s for i, s in enumerate(order) if i != drop]
+    canonical = sorted(chosen, key=lambda s: times[s])
+
+    def run(sequence: list[str]) -> Row:
+        events = [chat_event(status("m", s, times[s]), position=i + 1)
+                  for i, s in enumerate(sequence)]
+        row = fold(events, message_keys, fold_message)["m"]
+        return {k: v for k, v in row.items() if k not in HIDDEN}
+
+    assert run(chosen) == run(canonical)

@@ -1,0 +1,191 @@
+"""Pure folds of general events: every projection rule, without a database."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from ledger import StoredEvent
+from projections.folding import Discrepancy
+from projections.registry import PROJECTIONS, Row
+from tests.projection_events import new_event, stored
+
+INVOICE = {"invoiceNo": "INV-1", "total": 900, "currency": "TZS", "dueDate": "2026-12-31",
+           "paymentReference": "99123"}
+
+
+def fold_all(table: str, events: list[StoredEvent]) -> tuple[dict[str, Row], list[Discrepancy]]:
+    projection = next(p for p in PROJECTIONS if p.table == table)
+    rows: dict[str, Row] = {}
+    found: list[Discrepancy] = []
+    for event in events:
+        for key in projection.keys(event):
+            rows[key], new = projection.fold(rows.get(key), event)
+            found.extend(new)
+    return rows, found
+
+
+def ev(event: str, code: int, position: int | None = None, **kwargs: Any) -> StoredEvent:
+    return stored(new_event(event, code, **kwargs), position)
+
+
+# -- payments -----------------------------------------------------------------------------
+
+def test_a_confirmed_payment_is_a_success_with_its_amount() -> None:
+    rows, found = fold_all("payments", [ev("payment.confirmed", 91000, reference="P", amount=1500)])
+    row = rows["P"]
+    assert (row["outcome"], row["code"], row["amount"], row["last_event"]) == (
+        "success", 91000, Decimal("1500"), "payment.confirmed")
+    assert (row["phone_number"], row["mno"], row["transaction_id"]) == (
+        "255712345678", "Operator", "TX-1")
+    assert found == []
+
+
+def test_a_part_payment_keeps_the_amount_actually_paid() -> None:
+    rows, _ = fold_all("payments", [ev("payment.confirmed", 91001, reference="P", amount=400,
+                                       status="PARTIAL")])
+    assert (rows["P"]["outcome"], rows["P"]["amount"], rows["P"]["status"]) == (
+        "success", Decimal("400"), "PARTIAL")
+
+
+def test_a_failure_has_no_transaction_id() -> None:
+    rows, _ = fold_all("payments", [ev("payment.failed", 91053, reference="P", amount=0,
+                                       transaction_id="-1", status="FAILED")])
+    assert (rows["P"]["outcome"], rows["P"]["transaction_id"]) == ("failure", None)
+
+
+def test_a_refund_outranks_the_confirmation_even_in_the_same_second() -> None:
+    confirm = ev("payment.confirmed", 91000, position=2, reference="P")
+    refund = ev("payment.refunded", 91010, position=1, reference="P", status="REVERSED")
+    for order in ([confirm, refund], [refund, confirm]):
+        rows, found = fold_all("payments", order)
+        assert rows["P"]["outcome"] == "refunded" and found == []
+
+
+def test_a_failure_after_a_success_keeps_the_success_and_records_a_conflict() -> None:
+    confirm = ev("payment.confirmed", 91000, reference="P", amount=700)
+    fail = ev("payment.failed", 91055, reference="P", amount=0, timestamp="20261122090000")
+    for order in ([confirm, fail], [fail, confirm]):
+        rows, found = fold_all("payments", order)
+        assert rows["P"]["outcome"] == "success" and rows["P"]["conflicted"] is True
+        assert [(d.kind, d.amount_at_risk) for d in found] == [
+            ("conflicting_events", Decimal("700"))]
+
+
+def test_a_confirmation_whose_amount_changes_is_a_conflict() -> None:
+    first = ev("payment.confirmed", 91000, reference="P", amount=700)
+    second = ev("payment.confirmed", 91000, reference="P", amount=900, transaction_id="TX-2",
+                timestamp="20261122083100")
+    rows, found = fold_all("payments", [first, second])
+    assert rows["P"]["conflicted"] and found[0].kind == "conflicting_events"
+    assert found[0].amount_at_risk == Decimal("200")
+    assert rows["P"]["amount"] == Decimal("900")  # the later one is kept, the change flagged
+
+
+# -- payouts ------------------------------------------------------------------------------
+
+def test_payout_approved_then_confirmed() -> None:
+    approved = ev("payout.approved", 92002, reference="O", service="Disbursement",
+                  status="APPROVED")
+    confirmed = ev("payout.confirmed", 92000, reference="O", service="Disbursement")
+    rows, _ = fold_all("payouts", [confirmed, approved])
+    assert (rows["O"]["outcome"], rows["O"]["refunded_to_wallet"], rows["O"]["code"]) == (
+        "success", False, 92000)
+    rows, _ = fold_all("payouts", [approved])
+    assert rows["O"]["outcome"] == "pending"
+
+
+def test_a_failed_payout_is_refunded_to_the_wallet() -> None:
+    rows, _ = fold_all("payouts", [
+        ev("payout.approved", 92002, reference="O", service="Disbursement"),
+        ev("payout.failed", 92057, reference="O", service="Disbursement", amount=0,
+           transaction_id="-1", status="FAILED")])
+    assert (rows["O"]["outcome"], rows["O"]["refunded_to_wallet"]) == ("failure", True)
+
+
+# -- invoices -----------------------------------------------------------------------------
+
+def invoice_event(event: str, code: int, paid: int, due: int, ts: str,
+                  **extra: Any) -> StoredEvent:
+    return ev(event, code, reference="INV-1", amount=900, service="Invoicing", timestamp=ts,
+              invoice={**INVOICE, "amountPaid": paid, "amountDue": due, **extra})
+
+
+def test_an_invoice_moves_open_partially_paid_paid_and_settles_only_at_zero_due() -> None:
+    created = invoice_event("invoice.created", 93000, 0, 900, "20261122080000")
+    part = ev("payment.confirmed", 91001, reference="PAY-1", amount=300,
+              timestamp="20261122081000",
+              invoice={**INVOICE, "amountPaid": 300, "amountDue": 600})
+    paid = invoice_event("invoice.paid", 93002, 900, 0, "20261122082000",
+                         paidDate="2026-11-22T05:20:00.000Z")
+    rows, found = fold_all("invoices", [created])
+    assert (rows["INV-1"]["status"], rows["INV-1"]["settled"]) == ("open", False)
+    rows, _ = fold_all("invoices", [created, part])
+    assert (rows["INV-1"]["status"], rows["INV-1"]["amount_paid"],
+            rows["INV-1"]["amount_due"]) == ("partially_paid", Decimal("300"), Decimal("600"))
+    rows, found = fold_all("invoices", [created, part, paid])
+    row = rows["INV-1"]
+    assert (row["status"], row["settled"], row["amount_due"], row["total"]) == (
+        "paid", True, Decimal("0"), Decimal("900"))
+    assert row["paid_date"].isoformat() == "2026-11-22T05:20:00+00:00"
+    assert row["due_date"].isoformat() == "2026-12-31" and row["payment_reference"] == "99123"
+    assert found == []
+
+
+def test_invoice_paid_with_something_still_due_does_not_settle() -> None:
+    rows, found = fold_all("invoices", [
+        invoice_event("invoice.paid", 93002, 800, 100, "20261122082000")])
+    assert (rows["INV-1"]["settled"], rows["INV-1"]["status"]) == (False, "partially_paid")
+    assert [(d.kind, d.amount_at_risk) for d in found] == [
+        ("unsettled_paid_invoice", Decimal("100"))]
+
+
+def test_the_amount_field_of_an_invoice_event_is_never_money_received() -> None:
+    rows, _ = fold_all("invoices", [invoice_event("invoice.created", 93000, 0, 900,
+                                                  "20261122080000")])
+    assert rows["INV-1"]["amount_paid"] == Decimal("0") and rows["INV-1"]["total"] == 900
+
+
+def test_a_cancelled_invoice_stays_cancelled_when_resaved() -> None:
+    rows, _ = fold_all("invoices", [
+        invoice_event("invoice.created", 93000, 0, 900, "20261122080000"),
+        invoice_event("invoice.cancelled", 93003, 0, 900, "20261122081000"),
+        invoice_event("invoice.updated", 93001, 0, 900, "20261122082000")])
+    assert rows["INV-1"]["status"] == "cancelled" and rows["INV-1"]["settled"] is False
+
+
+def test_the_latest_block_wins_whatever_the_arrival_order() -> None:
+    a = invoice_event("invoice.updated", 93001, 300, 600, "20261122081000")
+    b = invoice_event("invoice.updated", 93001, 600, 300, "20261122082000")
+    for order in ([a, b], [b, a]):
+        rows, _ = fold_all("invoices", order)
+        assert rows["INV-1"]["amount_due"] == Decimal("300")
+
+
+# -- SMS ----------------------------------------------------------------------------------
+
+def test_sms_delivered_and_failed() -> None:
+    rows, _ = fold_all("sms_messages", [
+        ev("sms.delivered", 94000, reference="M1", amount=0, customer_reference="2557001"),
+        ev("sms.failed", 94056, reference="M2", amount=0, customer_reference="2557002")])
+    assert (rows["M1"]["status"], rows["M1"]["recipient"]) == ("delivered", "2557001")
+    assert (rows["M2"]["status"], rows["M2"]["code"]) == ("failed", 94056)
+
+
+def test_sms_reported_both_ways_keeps_delivered_and_flags_it() -> None:
+    for order in (("sms.failed", "sms.delivered"), ("sms.delivered", "sms.failed")):
+        events = [ev(name, 94000 if name == "sms.delivered" else 94050, reference="M",
+                     amount=0) for name in order]
+        rows, found = fold_all("sms_messages", events)
+        assert rows["M"]["status"] == "delivered" and rows["M"]["conflicted"]
+        assert len(found) == 1
+
+
+def test_unrecognised_events_touch_no_projection() -> None:
+    from datetime import UTC, datetime
+    from uuid import uuid4
+    now = datetime.now(UTC)
+    ping = StoredEvent(1, uuid4(), "unrecognised:x", "general.unrecognised", "general", "k",
+                       None, {"recognised": False, "event": None, "reference": "P"}, now, now,
+                       None, None, {}, None, None)
+    assert all(p.keys(ping) == [] for p in PROJECTIONS)

@@ -1,0 +1,111 @@
+"""Any arrival order, any duplication: the same final projections as the canonical order."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ledger import NewEvent, StoredEvent
+from projections.registry import PROJECTIONS, Row
+from tests.projection_events import new_event, stored
+
+# columns a user sees; positions differ with arrival order by nature
+HIDDEN = {"winner", "provenance", "evidence", "block_key", "last_position", "statuses"}
+
+
+def ts(minute: int) -> str:
+    return f"202611220{8 + minute // 60}{minute % 60:02d}00"
+
+
+@st.composite
+def scenario(draw: st.DrawFn) -> list[NewEvent]:
+    """A consistent story per subject (timestamps increase within a subject)."""
+    events: list[NewEvent] = []
+    for i in range(draw(st.integers(1, 4))):
+        ref, kind = f"P{i}", draw(st.sampled_from(["paid", "refunded", "failed", "conflict"]))
+        if kind in ("paid", "refunded", "conflict"):
+            events.append(new_event("payment.confirmed", 91000, reference=ref,
+                                    amount=draw(st.integers(1, 10**6)), timestamp=ts(1)))
+        if kind == "refunded":
+            events.append(new_event("payment.refunded", 91010, reference=ref, timestamp=ts(5),
+                                    transaction_id=None))
+        if kind in ("failed", "conflict"):
+            events.append(new_event("payment.failed", draw(st.sampled_from([91051, 91099])),
+                                    reference=ref, amount=0, transaction_id="-1",
+                                    timestamp=ts(9)))
+    for i in range(draw(st.integers(0, 3))):
+        ref = f"O{i}"
+        events.append(new_event("payout.approved", 92002, reference=ref, timestamp=ts(1),
+                                service="Disbursement"))
+        end = draw(st.sampled_from(["payout.confirmed", "payout.failed", None]))
+        if end:
+            events.append(new_event(end, 92000 if end == "payout.confirmed" else 92053,
+                                    reference=ref, service="Disbursement", timestamp=ts(2),
+                                    amount=1000 if end == "payout.confirmed" else 0))
+    for i in range(draw(st.integers(0, 2))):
+        number, total = f"INV{i}", 900
+        block = {"invoiceNo": number, "total": total, "currency": "TZS"}
+        events.append(new_event("invoice.created", 93000, reference=number, amount=total,
+                                timestamp=ts(0), invoice={**block, "amountPaid": 0,
+                                                          "amountDue": total}))
+        paid = 0
+        for step in range(draw(st.integers(0, 3))):
+            paid += 100
+            events.append(new_event("payment.confirmed", 91001, reference=f"{number}-p{step}",
+                                    amount=100, timestamp=ts(10 + step),
+                                    invoice={**block, "amountPaid": paid,
+                                             "amountDue": total - paid}))
+            events.append(new_event("invoice.updated", 93001, reference=number, amount=total,
+                                    timestamp=ts(10 + step),
+                                    invoice={**block, "amountPaid": paid,
+                                             "amountDue": total - paid}))
+        end = draw(st.sampled_from(["paid", "cancelled", None]))
+        if end == "paid":
+            events.append(new_event("invoice.paid", 93002, reference=number, amount=total,
+                                    timestamp=ts(30), invoice={**block, "amountPaid": total,
+                                                               "amountDue": 0}))
+        elif end == "cancelled":
+            events.append(new_event("invoice.cancelled", 93003, reference=number,
+                                    amount=total, timestamp=ts(30),
+                                    invoice={**block, "amountPaid": paid,
+                                             "amountDue": total - paid}))
+    for i in range(draw(st.integers(0, 2))):
+        name = draw(st.sampled_from(["sms.delivered", "sms.failed"]))
+        events.append(new_event(name, 94000 if name == "sms.delivered" else 94050,
+                                reference=f"M{i}", amount=0, customer_reference="2557"))
+    return events
+
+
+def as_ledger(deliveries: list[NewEvent]) -> list[StoredEvent]:
+    """What the ledger keeps of a delivery stream: first copy of each key, in arrival order."""
+    seen: set[str] = set()
+    kept = []
+    for delivery in deliveries:
+        if delivery.dedupe_key not in seen:
+            seen.add(delivery.dedupe_key)
+            kept.append(stored(delivery, position=len(kept) + 1))
+    return kept
+
+
+def project(events: list[StoredEvent]) -> dict[str, dict[str, Row]]:
+    tables: dict[str, dict[str, Row]] = {}
+    for projection in PROJECTIONS:
+        rows: dict[str, Row] = {}
+        for event in events:
+            for key in projection.keys(event):
+                rows[key], _ = projection.fold(rows.get(key), event)
+        tables[projection.table] = {
+            k: {c: v for c, v in row.items() if c not in HIDDEN} for k, row in rows.items()}
+    return tables
+
+
+@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(data=st.data(), story=scenario())
+def test_any_order_and_duplication_gives_the_canonical_projection(
+        data: st.DataObject, story: list[NewEvent]) -> None:
+    canonical = project(as_ledger(story))
+    copies = data.draw(st.lists(st.sampled_from(story), max_size=len(story) * 2))
+    arrived = data.draw(st.permutations(story + copies))
+    assert project(as_ledger(arrived)) == canonical
+
+
