@@ -20,6 +20,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from hookledger.admin_api import admin_routes
+from hookledger.admin_endpoints import ADMIN_ROUTES
 from hookledger.settings import Settings
 from ingest.appender import BatchingAppender
 from ingest.chat_endpoint import ChatEndpoint
@@ -45,6 +47,7 @@ class Runtime:
 def create_app(settings: Settings, database_url: str) -> Starlette:
     metrics = IngestMetrics.create()
     holder: dict[str, Runtime] = {}
+    admin_token = settings.admin_token.get_secret_value() if settings.admin_token else None
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -62,6 +65,7 @@ def create_app(settings: Settings, database_url: str) -> Starlette:
             appender.start()
             stack.push_async_callback(appender.close)
             holder["runtime"] = Runtime(pool, store, appender, metrics)
+            app.state.runtime = holder["runtime"]
             app.state.general = GeneralEndpoint(
                 secrets={k: v.get_secret_value().encode() for k, v in
                          settings.general_secrets.items()},
@@ -121,6 +125,7 @@ def create_app(settings: Settings, database_url: str) -> Starlette:
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
             Route("/metrics", metrics_endpoint, methods=["GET"]),
+            *admin_routes(ADMIN_ROUTES, admin_token),
         ],
         lifespan=lifespan,
     )
