@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import args_row
 from psycopg_pool import AsyncConnectionPool
 
 from ledger import sqlfiles
@@ -108,8 +108,7 @@ async def append_in(conn: psycopg.AsyncConnection[Any], events: Sequence[NewEven
 async def read_in(conn: psycopg.AsyncConnection[Any], after: int, limit: int, *,
                   facts_only: bool = False) -> list[StoredEvent]:
     """Events after ``after`` in order; ``facts_only`` leaves out bodies and headers."""
-    async with conn.cursor(row_factory=dict_row) as cur:
+    async with conn.cursor(row_factory=args_row(StoredEvent), binary=True) as cur:
         await cur.execute(_sql("read_facts" if facts_only else "read_from"),
                           {"after": after, "limit": limit})
-        rows = await cur.fetchall()
-    return [StoredEvent(**row) for row in rows]
+        return await cur.fetchall()

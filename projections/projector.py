@@ -19,14 +19,17 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
 import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
-from psycopg.types.json import Jsonb
+from psycopg.types.json import Jsonb, set_json_dumps, set_json_loads
+from sqlalchemy.dialects import postgresql
 
+import projections.schema  # noqa: F401 - declares the projection tables on metadata
 from ledger import NewEvent, StoredEvent
 from ledger.jsonenc import dumps
-from ledger.schema import PRIVATE_SCHEMA
+from ledger.schema import PRIVATE_SCHEMA, metadata
 from ledger.store import append_in, read_in
 from projections.folding import Discrepancy
 from projections.registry import PROJECTIONS, Projection, Row
@@ -54,56 +57,122 @@ def discrepancy_event(finding: Finding, now: datetime) -> NewEvent:
                     received_at=now, facts=payload, occurred_at=finding.cause.occurred_at)
 
 
+def use_fast_json(conn: Connection) -> None:
+    """orjson for this connection's jsonb: safe here because facts and projection
+    bookkeeping carry money as text, never as JSON numbers (orjson reads those as floats)."""
+    set_json_loads(orjson.loads, context=conn)
+    set_json_dumps(orjson.dumps, context=conn)
+
+
 async def load_rows(conn: Connection, schema: str, projection: Projection,
                     keys: Sequence[str]) -> dict[str, Row]:
     query = sql.SQL("SELECT * FROM {} WHERE {} = ANY(%s)").format(
         sql.Identifier(schema, projection.table), sql.Identifier(projection.key_column))
-    async with conn.cursor(row_factory=dict_row) as cur:
+    async with conn.cursor(row_factory=dict_row, binary=True) as cur:
         await cur.execute(query, (list(keys),))
         return {row[projection.key_column]: row for row in await cur.fetchall()}
 
 
+def _column_types(projection: Projection) -> list[str]:
+    table = metadata.tables[f"{PRIVATE_SCHEMA}.{projection.table}"]
+    dialect = postgresql.dialect()
+    return [table.c[name].type.compile(dialect=dialect).lower() for name in projection.columns]
+
+
 async def store_rows(conn: Connection, schema: str, projection: Projection,
                      rows: Sequence[Row]) -> None:
+    """Upsert rows: binary COPY into a session staging table, then one INSERT ... SELECT.
+
+    COPY is PostgreSQL's bulk path: rows are written in binary by the driver's C code, far
+    cheaper than one parameter per value.
+    """
     columns = projection.columns
-    updates = [c for c in columns if c != projection.key_column]
-    query = sql.SQL(
-        "INSERT INTO {table} ({columns}) VALUES ({values}) "
-        "ON CONFLICT ({key}) DO UPDATE SET {updates}"
-    ).format(
-        table=sql.Identifier(schema, projection.table),
-        columns=sql.SQL(", ").join(map(sql.Identifier, columns)),
-        values=sql.SQL(", ").join(sql.Placeholder() * len(columns)),
-        key=sql.Identifier(projection.key_column),
-        updates=sql.SQL(", ").join(
-            sql.SQL("{} = EXCLUDED.{}").format(sql.Identifier(c), sql.Identifier(c))
-            for c in updates),
-    )
-    params = [
-        [Jsonb(row.get(c)) if c in projection.json_columns and row.get(c) is not None
-         else row.get(c) for c in columns]
-        for row in rows
-    ]
+    stage = sql.Identifier(f"stage_{projection.table}")
+    names = sql.SQL(", ").join(map(sql.Identifier, columns))
+    await conn.execute(sql.SQL(
+        "CREATE TEMP TABLE IF NOT EXISTS {stage} (LIKE {table} INCLUDING DEFAULTS)").format(
+            stage=stage, table=sql.Identifier(schema, projection.table)))
+    json_positions = [i for i, c in enumerate(columns) if c in projection.json_columns]
     async with conn.cursor() as cur:
-        await cur.executemany(query, params)
+        async with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
+                stage, names)) as copy:
+            copy.set_types(_column_types(projection))
+            for row in rows:
+                values = [row.get(c) for c in columns]
+                for i in json_positions:
+                    if values[i] is not None:
+                        values[i] = Jsonb(values[i])
+                await copy.write_row(values)
+        updates = sql.SQL(", ").join(
+            sql.SQL("{} = EXCLUDED.{}").format(sql.Identifier(c), sql.Identifier(c))
+            for c in columns if c != projection.key_column)
+        await cur.execute(sql.SQL(
+            "INSERT INTO {table} ({names}) SELECT {names} FROM {stage} "
+            "ON CONFLICT ({key}) DO UPDATE SET {updates}").format(
+                table=sql.Identifier(schema, projection.table), names=names, stage=stage,
+                key=sql.Identifier(projection.key_column), updates=updates))
+        await cur.execute(sql.SQL("TRUNCATE {}").format(stage))
+
+
+class RowCache:
+    """Rows a long replay has already stored, so later batches need not load them again.
+
+    Bounded: the oldest rows are dropped first and loaded again when needed. With
+    ``complete`` (a rebuild, which emptied the tables itself and holds the checkpoint lock),
+    a key neither cached nor dropped is known to have no row, so it is not asked for.
+    """
+
+    def __init__(self, limit: int = 500_000, *, complete: bool = False) -> None:
+        self.limit = limit
+        self.complete = complete
+        self.rows: dict[tuple[str, str], Row] = {}
+        self.dropped: set[tuple[str, str]] = set()
+
+    def remember(self, table: str, rows: Sequence[Row], key_column: str) -> None:
+        for row in rows:
+            self.rows.pop((table, row[key_column]), None)
+            self.rows[(table, row[key_column])] = row
+        excess = len(self.rows) - self.limit
+        if excess > 0:
+            for stale in list(self.rows)[:excess]:
+                del self.rows[stale]
+                self.dropped.add(stale)
+
+    def may_exist(self, table: str, key: str) -> bool:
+        """Whether the database may hold a row this cache does not."""
+        return not self.complete or (table, key) in self.dropped
 
 
 async def apply_events(conn: Connection, events: Sequence[StoredEvent], *,
                        schema: str = PRIVATE_SCHEMA,
-                       projections: Sequence[Projection] = PROJECTIONS) -> list[Finding]:
+                       projections: Sequence[Projection] = PROJECTIONS,
+                       cache: RowCache | None = None) -> list[Finding]:
     """Fold ``events`` into the projection tables of ``schema``; return what was found."""
     findings: list[Finding] = []
     for projection in projections:
         touched = [(key, event) for event in events for key in projection.keys(event)]
         if not touched:
             continue
-        rows = await load_rows(conn, schema, projection, sorted({k for k, _ in touched}))
+        keys = {k for k, _ in touched}
+        known: dict[str, Row] = {}
+        if cache is not None:
+            for key in keys:
+                row = cache.rows.get((projection.table, key))
+                if row is not None:
+                    known[key] = row
+        missing = sorted(k for k in keys - known.keys()
+                         if cache is None or cache.may_exist(projection.table, k))
+        if missing:
+            known.update(await load_rows(conn, schema, projection, missing))
         changed: dict[str, Row] = {}
         for key, event in touched:
-            new, found = projection.fold(changed.get(key, rows.get(key)), event)
+            new, found = projection.fold(changed.get(key, known.get(key)), event)
             changed[key] = new
             findings.extend(Finding(d, event) for d in found)
-        await store_rows(conn, schema, projection, list(changed.values()))
+        stored = list(changed.values())
+        await store_rows(conn, schema, projection, stored)
+        if cache is not None:
+            cache.remember(projection.table, stored, projection.key_column)
     return findings
 
 

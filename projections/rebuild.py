@@ -25,11 +25,13 @@ from ledger.store import append_in, read_in
 from projections.projector import (
     Connection,
     Finding,
+    RowCache,
     apply_events,
     checkpoint,
     discrepancy_event,
     lock_checkpoint,
     move_checkpoint,
+    use_fast_json,
 )
 from projections.registry import PROJECTIONS
 
@@ -74,15 +76,17 @@ async def head_position(conn: Connection) -> int:
 
 async def _replay(conn: Connection, *, schema: str, until: int | None, batch_size: int,
                   progress: Progress | None) -> tuple[int, int, list[Finding]]:
+    """Replay the ledger into empty tables of ``schema`` (the caller emptied them)."""
     position, count = 0, 0
     findings: list[Finding] = []
+    cache = RowCache(complete=True)
     while True:
         events = await read_in(conn, position, batch_size, facts_only=True)
         if until is not None:
             events = [e for e in events if e.position <= until]
         if not events:
             return position, count, findings
-        findings.extend(await apply_events(conn, events, schema=schema))
+        findings.extend(await apply_events(conn, events, schema=schema, cache=cache))
         position = events[-1].position
         count += len(events)
         if progress:
@@ -93,6 +97,7 @@ async def rebuild(url: str, *, batch_size: int = 5000,
                   progress: Progress | None = None) -> RebuildResult:
     started = time.perf_counter()
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        use_fast_json(conn)
         head = await head_position(conn)
         async with conn.transaction():
             await lock_checkpoint(conn)
@@ -112,6 +117,7 @@ async def rebuild(url: str, *, batch_size: int = 5000,
 async def verify(url: str, *, batch_size: int = 5000,
                  progress: Progress | None = None) -> VerifyResult:
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        use_fast_json(conn)
         await conn.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
         async with conn.transaction():
             live_checkpoint = await checkpoint(conn)

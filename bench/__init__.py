@@ -1,0 +1,1 @@
+"""Benchmarks: each prints its figures and writes JSON under bench/results/."""

@@ -1,0 +1,69 @@
+"""What every benchmark needs: a fresh database, the machine's description, results."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+
+from hookledger import migrate
+from hookledger.embedded_postgres import EmbeddedPostgres
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def machine() -> dict[str, Any]:
+    return {"python": platform.python_version(), "platform": platform.platform(),
+            "cpus": os.cpu_count(), "memory_gib": round(
+                os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)}
+
+
+def _with_db(url: str, name: str) -> str:
+    p = urlsplit(url)
+    return urlunsplit((p.scheme, p.netloc, "/" + name, p.query, p.fragment))
+
+
+@contextmanager
+def fresh_database() -> Iterator[str]:
+    """A migrated database on HOOKLEDGER_BENCH_DATABASE_URL's server, else an embedded one.
+
+    The embedded server keeps its durable defaults (fsync on): figures are for real use.
+    """
+    configured = os.environ.get("HOOKLEDGER_BENCH_DATABASE_URL")
+    server: EmbeddedPostgres | None = None
+    home = None
+    if configured:
+        admin = configured
+    else:
+        home = tempfile.mkdtemp(prefix="hookledger-bench-")
+        os.chmod(home, 0o755)
+        server = EmbeddedPostgres(Path(home))
+        admin = _with_db(server.start(), "postgres")
+    name = f"hookledger_bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = _with_db(admin, name)
+    try:
+        migrate.upgrade(url)
+        yield url
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        if server is not None:
+            server.stop()
+
+
+def write_results(name: str, figures: dict[str, Any]) -> Path:
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps({"machine": machine(), **figures}, indent=2, default=str))
+    return path

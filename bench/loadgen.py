@@ -1,0 +1,87 @@
+"""A light HTTP/1.1 load generator: pre-built requests over keep-alive connections.
+
+httpx costs about a millisecond of Python per request, too much to drive a server at a
+steady rate from the same small machine. This writes pre-encoded requests on raw asyncio
+streams and reads just the status line, headers and body. Open loop: request ``i`` is due
+at ``start + i / rate`` whatever happened before, and its latency counts from when it was
+due, so a slow server cannot hide its queueing (no coordinated omission).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    index: int
+    due: float
+    done: float
+    status: int
+
+    @property
+    def latency(self) -> float:
+        return self.done - self.due
+
+
+def post_request(host: str, path: str, body: bytes, headers: dict[str, str]) -> bytes:
+    lines = [f"POST {path} HTTP/1.1", f"Host: {host}", "Content-Type: application/json",
+             f"Content-Length: {len(body)}"] + [f"{k}: {v}" for k, v in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+async def _read_answer(reader: asyncio.StreamReader) -> int:
+    head = await reader.readuntil(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value.strip())
+    if length:
+        await reader.readexactly(length)
+    return status
+
+
+async def run(host: str, port: int, requests: Sequence[bytes], *, rate: float | None,
+              connections: int = 32,
+              on_answer: Callable[[Answer], None] | None = None) -> list[Answer]:
+    """Send every request once; ``rate`` None means as fast as the connections allow."""
+    queue: asyncio.Queue[tuple[int, float] | None] = asyncio.Queue()
+    answers: list[Answer] = []
+    start = time.perf_counter()
+
+    async def schedule() -> None:
+        for i in range(len(requests)):
+            due = start + i / rate if rate else time.perf_counter()
+            delay = due - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            queue.put_nowait((i, due))
+        for _ in range(connections):
+            queue.put_nowait(None)
+
+    async def worker() -> None:
+        reader, writer = await asyncio.open_connection(host, port)
+        try:
+            while (item := await queue.get()) is not None:
+                index, due = item
+                writer.write(requests[index])
+                status = await _read_answer(reader)
+                answer = Answer(index, due, time.perf_counter(), status)
+                answers.append(answer)
+                if on_answer:
+                    on_answer(answer)
+        finally:
+            writer.close()
+
+    await asyncio.gather(schedule(), *(worker() for _ in range(connections)))
+    return answers
+
+
+def percentile(values: Sequence[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(fraction * len(ordered)) - 1))]
