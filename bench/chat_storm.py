@@ -1,0 +1,184 @@
+"""Chat retry storm: many signed deliveries, each sent several times at once, against a real
+``hookledger serve`` process (embedded PostgreSQL, durable defaults).
+
+    .venv/bin/python -m bench.chat_storm [--deliveries 1200] [--copies 4] [--concurrency 64]
+
+Prints latency percentiles of the answers and the ledger count against the distinct
+delivery ids (they must be equal), and writes bench/results/chat_storm.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import hmac
+import json
+import os
+import platform
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+import psycopg
+
+from hookledger import migrate
+from hookledger.embedded_postgres import EmbeddedPostgres
+
+PHONE = "2557000001"
+SECRET = "bench-chat-secret-0123456789"
+RESULTS = Path(__file__).resolve().parent / "results" / "chat_storm.json"
+
+
+def _sign(body: bytes) -> str:
+    t = int(time.time())
+    digest = hmac.new(SECRET.encode(), f"{t}.".encode() + body, hashlib.sha256).hexdigest()
+    return f"t={t},v1={digest}"
+
+
+def _body(n: int) -> bytes:
+    return json.dumps({
+        "type": "message", "wabaId": "waba-bench", "phoneNumberId": PHONE,
+        "contactWaId": f"2557{n:08d}", "profileName": "Bench",
+        "message": {"id": f"wamid.storm.{n}", "from": f"2557{n:08d}",
+                    "timestamp": str(int(time.time())), "type": "text",
+                    "text": {"body": f"storm message {n}"}},
+    }, separators=(",", ":")).encode()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _pct(sorted_ms: list[float], p: float) -> float:
+    index = min(len(sorted_ms) - 1, max(0, round(p / 100 * len(sorted_ms)) - 1))
+    return round(sorted_ms[index], 2)
+
+
+async def _storm(base: str, deliveries: int, copies: int,
+                 concurrency: int) -> tuple[list[float], dict[int, int]]:
+    bodies = {n: _body(n) for n in range(deliveries)}
+    sends = [(n, attempt) for n in range(deliveries) for attempt in range(1, copies + 1)]
+    random.Random(7).shuffle(sends)  # copies of one id arrive interleaved and concurrently
+    latencies: list[float] = []
+    statuses: dict[int, int] = {}
+    gate = asyncio.Semaphore(concurrency)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=30, limits=limits) as client:
+
+        async def send(n: int, attempt: int) -> None:
+            body = bodies[n]
+            headers = {"content-type": "application/json",
+                       "user-agent": "service-chat-webhook/1.0",
+                       "x-service-delivery-id": f"storm-{n}",
+                       "x-service-attempt": str(attempt), "x-service-signature": _sign(body)}
+            async with gate:
+                started = time.perf_counter()
+                try:
+                    answer = await client.post(f"{base}/webhooks/chat/{PHONE}", content=body,
+                                               headers=headers)
+                    status = answer.status_code
+                except httpx.HTTPError:
+                    status = 0
+                latencies.append((time.perf_counter() - started) * 1000)
+            statuses[status] = statuses.get(status, 0) + 1
+
+        await asyncio.gather(*(send(n, a) for n, a in sends))
+    return latencies, statuses
+
+
+def _wait_ready(base: str, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit("hookledger serve exited early")
+        try:
+            if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise SystemExit("hookledger serve did not become ready")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--deliveries", type=int, default=1200)
+    parser.add_argument("--copies", type=int, default=4)
+    parser.add_argument("--concurrency", type=int, default=64)
+    args = parser.parse_args()
+
+    home = Path(tempfile.mkdtemp(prefix="hookledger-chat-storm-"))
+    os.chmod(home, 0o755)
+    server = EmbeddedPostgres(home)
+    admin = server.start()
+    parts = urlsplit(admin)
+    name = f"chat_storm_{uuid.uuid4().hex[:8]}"
+    admin = urlunsplit((parts.scheme, parts.netloc, "/postgres", parts.query, ""))
+    url = urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, ""))
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        migrate.upgrade(url)
+        port = _free_port()
+        env = {**os.environ, "HOOKLEDGER_DATABASE_URL": url, "HOOKLEDGER_PORT": str(port),
+               "HOOKLEDGER_HOME": str(home), "HOOKLEDGER_CHAT_SECRETS": f"{PHONE}={SECRET}",
+               "HOOKLEDGER_LOG_LEVEL": "warning", "HOOKLEDGER_LOG_FORMAT": "json"}
+        env.pop("HOOKLEDGER_API_BASE_URL", None)
+        proc = subprocess.Popen([sys.executable, "-m", "hookledger", "serve"], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        base = f"http://127.0.0.1:{port}"
+        _wait_ready(base, proc)
+        started = time.perf_counter()
+        latencies, statuses = asyncio.run(
+            _storm(base, args.deliveries, args.copies, args.concurrency))
+        elapsed = time.perf_counter() - started
+        with psycopg.connect(url) as conn:
+            events, distinct = conn.execute(
+                "SELECT count(*), count(DISTINCT dedupe_key) FROM hookledger.ledger "
+                "WHERE source = 'chat'").fetchone() or (0, 0)
+        ordered = sorted(latencies)
+        result: dict[str, Any] = {
+            "requests": len(latencies), "deliveries": args.deliveries,
+            "copies_per_delivery": args.copies, "concurrency": args.concurrency,
+            "statuses": {str(k): v for k, v in sorted(statuses.items())},
+            "elapsed_s": round(elapsed, 2),
+            "requests_per_s": round(len(latencies) / elapsed, 1),
+            "latency_ms": {"p50": _pct(ordered, 50), "p95": _pct(ordered, 95),
+                           "p99": _pct(ordered, 99), "max": round(ordered[-1], 2)},
+            "ledger_events": events, "distinct_delivery_ids": args.deliveries,
+            "distinct_dedupe_keys": distinct, "exactly_once": events == args.deliveries,
+            "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
+                        "platform": platform.platform()},
+            "database": "embedded PostgreSQL, durable defaults (fsync on)",
+        }
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=30)
+        server.stop()
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    lat = result["latency_ms"]
+    print(f"{result['requests']} requests ({args.deliveries} delivery ids x {args.copies}), "
+          f"concurrency {args.concurrency}, {result['elapsed_s']} s, "
+          f"{result['requests_per_s']} req/s, statuses {result['statuses']}")
+    print(f"latency ms: p50 {lat['p50']}  p95 {lat['p95']}  p99 {lat['p99']}  max {lat['max']}")
+    print(f"ledger events {events} for {args.deliveries} distinct delivery ids "
+          f"({'exactly once' if result['exactly_once'] else 'MISMATCH'})")
+    print(f"written to {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()

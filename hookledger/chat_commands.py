@@ -1,0 +1,193 @@
+"""``hookledger chat ...``: rotate a number's secret, set its webhook URL, store a rescued one.
+
+Part of the composition root: reads settings, opens the database, builds the API client.
+``hookledger.cli`` is imported inside the commands (it mounts this group at its end).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import NoReturn
+
+import click
+from psycopg_pool import AsyncConnectionPool
+
+from hookledger.settings import Settings
+from ingest.chat_api import ChatApi, ChatApiError, webhook_url_problem
+from ingest.chat_rotation import Rotated, RotationError, SecretNotStored, keep_secret, rotate
+from ingest.chat_secrets import ChatSecretStore, valid_phone_number_id
+from ledger import LedgerStore
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_SECRET_NOT_STORED = 3
+
+
+def chat_api_factory(settings: Settings) -> Callable[[], ChatApi] | None:
+    """A maker of API clients from settings; None without ``HOOKLEDGER_API_BASE_URL``."""
+    if not settings.api_base_url:
+        return None
+    return partial(ChatApi, settings.api_base_url,
+                   settings.api_key.get_secret_value() if settings.api_key else None,
+                   rotate_secret_field=settings.chat_rotate_secret_field,
+                   webhook_field=settings.chat_webhook_field,
+                   timeout_s=settings.chat_api_timeout_s)
+
+
+def _fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
+    click.echo(f"hookledger: {message}", err=True)
+    sys.exit(code)
+
+
+def _settings() -> Settings:
+    from hookledger.cli import _configure_logging, load_settings
+
+    settings = load_settings()
+    _configure_logging(settings)
+    return settings
+
+
+def _api(settings: Settings) -> ChatApi:
+    factory = chat_api_factory(settings)
+    if factory is None:
+        _fail("HOOKLEDGER_API_BASE_URL is not set", EXIT_USAGE)
+    return factory()
+
+
+def _check_id(phone_number_id: str) -> None:
+    if not valid_phone_number_id(phone_number_id):
+        _fail(f"{phone_number_id[:80]!r} is not a valid phone number id", EXIT_USAGE)
+
+
+async def _open_pool(url: str) -> AsyncConnectionPool:
+    """A small pool, checked before the provider is called: a dead database stops us early."""
+    pool = AsyncConnectionPool(url, min_size=1, max_size=2, open=False,
+                               kwargs={"autocommit": True}, name="hookledger-chat")
+    try:
+        await pool.open(wait=True, timeout=15)
+    except Exception as exc:  # noqa: BLE001 - reported by type
+        await pool.close()
+        raise RotationError("database_unavailable",
+                            f"database unavailable ({type(exc).__name__}); nothing changed") \
+            from None
+    return pool
+
+
+def _report(rotated: Rotated, settings: Settings) -> None:
+    click.echo(f"rotated {rotated.phone_number_id}: new secret {rotated.label} stored; the "
+               f"previous one still verifies for {settings.rotation_grace_s} s")
+    if not rotated.recorded:
+        click.echo("hookledger: warning: the secret is stored, but the chat.secret.rotated "
+                   "ledger event could not be written", err=True)
+
+
+def _rescue(exc: SecretNotStored) -> NoReturn:
+    # the only place the secret is ever shown: once, to the operator, on stderr
+    click.echo(
+        f"hookledger: WARNING: {exc}.\n"
+        "The provider already signs new deliveries with it and will never show it again.\n"
+        "Keep it now; once the database works, run "
+        f"'hookledger chat store-secret {exc.phone_number_id}' and paste it "
+        f"(or set HOOKLEDGER_CHAT_SECRETS={exc.phone_number_id}=<secret> and restart).\n"
+        f"NEW SECRET ({exc.label}): {exc.reveal()}", err=True)
+    sys.exit(EXIT_SECRET_NOT_STORED)
+
+
+@click.group()
+def chat() -> None:
+    """Chat numbers through the provider's API: secrets and webhook URLs."""
+
+
+@chat.command(name="rotate-secret")
+@click.argument("phone_number_id")
+def rotate_secret(phone_number_id: str) -> None:
+    """Rotate the number's chat secret through the API and keep the new one."""
+    from hookledger.database import database
+
+    _check_id(phone_number_id)
+    settings = _settings()
+    if not settings.api_key:
+        _fail("HOOKLEDGER_API_KEY is not set", EXIT_USAGE)
+
+    async def run(url: str) -> Rotated:
+        pool = await _open_pool(url)
+        try:
+            secrets = ChatSecretStore(pool, grace_s=settings.rotation_grace_s)
+            async with _api(settings) as api:
+                return await rotate(api, secrets, LedgerStore(pool), phone_number_id,
+                                    via="cli")
+        finally:
+            await pool.close()
+
+    with database(settings) as url:
+        try:
+            rotated = asyncio.run(run(url))
+        except SecretNotStored as exc:
+            _rescue(exc)
+        except RotationError as exc:
+            _fail(str(exc))
+        except ChatApiError as exc:
+            _fail(f"rotation failed: {exc}. If the provider rotated anyway, its new "
+                  "deliveries will be refused until you rotate again.")
+    _report(rotated, settings)
+
+
+@chat.command(name="store-secret")
+@click.argument("phone_number_id")
+@click.option("--from-file", "from_file", type=click.Path(exists=True, dir_okay=False,
+                                                          path_type=Path),
+              help="read the secret from this file (e.g. a rescued-secrets file)")
+def store_secret(phone_number_id: str, from_file: Path | None) -> None:
+    """Keep a secret the provider issued that could not be stored at rotation time."""
+    from hookledger.database import database
+
+    _check_id(phone_number_id)
+    settings = _settings()
+    if from_file is not None:
+        secret = from_file.read_text(encoding="utf-8").strip()
+    else:
+        secret = click.prompt("secret", hide_input=True).strip()
+
+    async def run(url: str) -> Rotated:
+        pool = await _open_pool(url)
+        try:
+            secrets = ChatSecretStore(pool, grace_s=settings.rotation_grace_s)
+            return await keep_secret(secrets, LedgerStore(pool), phone_number_id, secret,
+                                     via="store-secret")
+        finally:
+            await pool.close()
+
+    with database(settings) as url:
+        try:
+            rotated = asyncio.run(run(url))
+        except SecretNotStored as exc:
+            _fail(f"{exc}; nothing changed", EXIT_SECRET_NOT_STORED)
+        except RotationError as exc:
+            _fail(str(exc))
+    _report(rotated, settings)
+
+
+@chat.command(name="set-webhook")
+@click.argument("phone_number_id")
+@click.argument("url")
+def set_webhook(phone_number_id: str, url: str) -> None:
+    """Point the number's chat webhook at URL (https, or http on a loopback host)."""
+    _check_id(phone_number_id)
+    problem = webhook_url_problem(url)
+    if problem:
+        _fail(f"{url[:200]!r}: {problem}", EXIT_USAGE)
+    settings = _settings()
+
+    async def run() -> str:
+        async with _api(settings) as api:
+            return (await api.set_webhook(phone_number_id, url)).message
+
+    try:
+        message = asyncio.run(run())
+    except ChatApiError as exc:
+        _fail(f"set-webhook failed: {exc}")
+    click.echo(f"{phone_number_id}: {message}")

@@ -1,0 +1,232 @@
+"""The provider's chat API calls: rotate a number's secret, set its webhook URL, fetch media.
+
+Every JSON answer is the envelope ``{success, code, message, data}``, read strictly: a body
+that is not that shape is :class:`ChatApiMalformed`, ``success: false`` is
+:class:`ChatApiRefused`; neither ever surfaces as a ``KeyError`` or a JSON error.
+
+    ChatApiError               (an IngestError: ``reason`` + ``detail``)
+    ├── ChatApiUnavailable     no usable answer: connection, timeout, 429, 5xx (retryable)
+    ├── ChatApiRefused         the API answered ``success: false`` (carries ``code``)
+    └── ChatApiMalformed       an answer that is not the envelope (or lacks the asked field)
+
+The API key travels in the ``apiToken`` header only. Error messages are built from our own
+words, the HTTP status, and the provider's ``code``/``message`` with the key masked: never
+from the request (headers) or from a transport exception's text.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from ingest.errors import IngestError
+
+API_TOKEN_HEADER = "apiToken"
+DEFAULT_TIMEOUT_S = 10.0
+MAX_MESSAGE = 300
+MASK = "[redacted]"
+
+
+class ChatApiError(IngestError):
+    """A chat API call did not do what was asked."""
+
+    retryable = False
+
+    def __init__(self, reason: str, detail: str | None = None, *, status: int | None = None,
+                 code: int | None = None) -> None:
+        super().__init__(reason, detail)
+        self.status = status
+        self.code = code
+
+
+class ChatApiUnavailable(ChatApiError):
+    """The API gave no usable answer (connection, timeout, 429 or 5xx); worth retrying."""
+
+    retryable = True
+
+
+class ChatApiRefused(ChatApiError):
+    """The API answered ``success: false``."""
+
+
+class ChatApiMalformed(ChatApiError):
+    """The API answered something that is not the documented envelope."""
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """A successful API answer."""
+
+    code: int
+    message: str
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Media:
+    content: bytes
+    content_type: str
+
+
+def _clean(text: str, api_key: str | None) -> str:
+    """Provider text, shortened and with the key masked (an echo must not leak it)."""
+    text = text[:MAX_MESSAGE]
+    if api_key and len(api_key) >= 4:
+        text = text.replace(api_key, MASK)
+    return text
+
+
+def parse_envelope(status: int, body: bytes, *, api_key: str | None = None) -> Envelope:
+    """Read an answer strictly; raise the error the answer amounts to. Pure."""
+    try:
+        parsed = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        parsed = None
+    if not isinstance(parsed, dict):
+        if status == 429 or status >= 500:
+            raise ChatApiUnavailable("http_error", f"HTTP {status}", status=status)
+        raise ChatApiMalformed("not_an_envelope", f"HTTP {status}, body is not a JSON object",
+                               status=status)
+    success, code, message = parsed.get("success"), parsed.get("code"), parsed.get("message")
+    shaped = (isinstance(success, bool) and isinstance(code, int)
+              and not isinstance(code, bool) and isinstance(message, str))
+    if shaped and success is False:
+        assert isinstance(message, str)
+        kind: type[ChatApiError] = (ChatApiUnavailable if status == 429 or status >= 500
+                                    else ChatApiRefused)
+        raise kind("refused" if kind is ChatApiRefused else "unavailable",
+                   f"HTTP {status}, code {code}: {_clean(message, api_key)}",
+                   status=status, code=code)
+    if not shaped or not isinstance(parsed.get("data"), dict):
+        if status == 429 or status >= 500:
+            raise ChatApiUnavailable("http_error", f"HTTP {status}", status=status)
+        raise ChatApiMalformed("malformed_envelope",
+                               f"HTTP {status}, envelope lacks success/code/message/data",
+                               status=status)
+    if not 200 <= status < 300:
+        raise ChatApiMalformed("malformed_envelope",
+                               f"HTTP {status} with success: true", status=status, code=code)
+    assert isinstance(code, int) and isinstance(message, str)
+    return Envelope(code, _clean(message, api_key), parsed["data"])
+
+
+def _is_json(response: httpx.Response) -> bool:
+    kind = response.headers.get("content-type", "").split(";")[0].strip().lower()
+    return kind == "application/json" or kind.endswith("+json")
+
+
+class ChatApi:
+    """The three chat calls over one ``httpx.AsyncClient`` (explicit timeouts)."""
+
+    def __init__(self, base_url: str, api_key: str | None, *,
+                 rotate_secret_field: str = "secret", webhook_field: str = "webhookUrl",
+                 timeout_s: float = DEFAULT_TIMEOUT_S,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self._base = base_url.rstrip("/")
+        self._key = api_key
+        self._secret_field = rotate_secret_field
+        self._webhook_field = webhook_field
+        headers = {API_TOKEN_HEADER: api_key} if api_key else {}
+        self._client = httpx.AsyncClient(
+            headers=headers, transport=transport, follow_redirects=False,
+            timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 5.0)))
+
+    async def __aenter__(self) -> ChatApi:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            return await self._client.request(method, self._base + path, **kwargs)
+        except httpx.TimeoutException as exc:
+            raise ChatApiUnavailable("timeout", f"{method} {path}: {type(exc).__name__}") \
+                from None
+        except httpx.HTTPError as exc:  # the exception text may carry the request: not used
+            raise ChatApiUnavailable("transport", f"{method} {path}: {type(exc).__name__}") \
+                from None
+
+    async def _call(self, method: str, path: str, **kwargs: Any) -> Envelope:
+        response = await self._send(method, path, **kwargs)
+        return parse_envelope(response.status_code, response.content, api_key=self._key)
+
+    async def rotate_secret(self, phone_number_id: str) -> str:
+        """Ask for a new secret. It is shown this once: the caller must keep it at once."""
+        if not self._key:
+            raise ChatApiRefused("no_api_key", "HOOKLEDGER_API_KEY is not set")
+        path = f"/api/v1/waba/webhook-secrets/{quote(phone_number_id, safe='')}/rotate"
+        envelope = await self._call("POST", path)
+        secret = envelope.data.get(self._secret_field)
+        if not isinstance(secret, str) or not secret:
+            # the provider may have rotated: say so, name the field, never print data
+            raise ChatApiMalformed(
+                "no_secret_in_answer",
+                f"the answer has no string data.{self._secret_field} (fields: "
+                f"{', '.join(sorted(envelope.data))[:200]}); the provider may have rotated "
+                "anyway: set chat_rotate_secret_field and rotate again",
+                code=envelope.code)
+        return secret
+
+    async def set_webhook(self, phone_number_id: str, url: str) -> Envelope:
+        """Point the number's chat webhook at ``url``; the answer's message is for people."""
+        path = f"/api/v1/waba/phone-numbers/{quote(phone_number_id, safe='')}"
+        return await self._call("PATCH", path, json={self._webhook_field: url})
+
+    async def fetch_media(self, media_id: str) -> Media:
+        """The bytes of an inbound message's media and their content type."""
+        path = f"/api/v1/waba/messages/{quote(media_id, safe='')}/media"
+        response = await self._send("GET", path)
+        status = response.status_code
+        if _is_json(response):
+            # errors come as an envelope; so would a JSON answer that is one (success or
+            # not): media bytes were asked for, an envelope is never taken as them
+            try:
+                parsed = json.loads(response.content)
+            except (ValueError, UnicodeDecodeError):
+                parsed = None
+            if parsed is None or (isinstance(parsed, dict) and "success" in parsed):
+                parse_envelope(status, response.content, api_key=self._key)
+                raise ChatApiMalformed("envelope_instead_of_media",
+                                       f"HTTP {status}: an envelope, not media bytes",
+                                       status=status)
+        if status == 429 or status >= 500:
+            raise ChatApiUnavailable("http_error", f"HTTP {status}", status=status)
+        if not 200 <= status < 300:
+            raise ChatApiRefused("http_error", f"HTTP {status}", status=status)
+        content_type = response.headers.get("content-type", "application/octet-stream")
+        return Media(response.content, content_type.split(";")[0].strip()[:100])
+
+
+_LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
+
+
+def webhook_url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be a chat webhook URL, or None. Pure.
+
+    https, except on a loopback host (local development against the sandbox).
+    """
+    if not url.isprintable() or " " in url:
+        return "not a valid URL"
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, ValueError, TypeError):
+        return "not a valid URL"
+    if not parsed.host:
+        return "not an absolute URL"
+    host = parsed.host.lower()
+    loopback = host in _LOOPBACK_NAMES or host.startswith("127.")
+    if parsed.scheme == "https":
+        return None
+    if parsed.scheme == "http" and loopback:
+        return None
+    if parsed.scheme == "http":
+        return "the URL must use https (http is allowed for loopback hosts only)"
+    return f"unsupported scheme {parsed.scheme!r}"

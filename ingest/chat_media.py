@@ -1,0 +1,242 @@
+"""Fetching inbound media in the background, off the request path, with the ledger as state.
+
+An inbound image/document/audio/video message (``chat.message.received`` with
+``facts.media_id``) names media the provider serves at ``GET /api/v1/waba/messages/{id}/media``.
+The webhook is answered without it (15 s window); this worker fetches it afterwards.
+
+No table of its own: what still needs fetching is derived from the ledger. Each outcome is a
+ledger event in stream ``chat-media:<media id>`` (source ``media``):
+
+* ``chat.media.fetched`` (dedupe ``media:fetched:<id>``): stored; done for good.
+* ``chat.media.failed`` (dedupe ``media:failed:<id>:<attempt>``): attempt N failed; attempt
+  N+1 is due ``retry_base_s * 2**(N-1)`` (capped) after it; after ``max_attempts`` failures
+  the media is given up.
+
+The dedupe keys make each outcome idempotent, so two workers (two service processes) racing
+on one media id add one ``fetched`` event and one ``failed`` event per attempt number at most;
+the content-addressed store makes their writes of the same bytes harmless.
+
+Bytes go to ``<home>/media/<sha256[:2]>/<sha256>``: written to a temporary file in the same
+folder, fsynced, renamed over, folder fsynced. The ``fetched`` event is appended only after
+that, so an event never names bytes that are not durably there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import structlog
+from psycopg_pool import AsyncConnectionPool
+
+from ingest.chat_api import ChatApi, ChatApiError
+from ingest.chat_body import MEDIA_KINDS
+from ledger import LedgerStore, NewEvent
+from ledger.jsonenc import dumps
+from ledger.sqlfiles import load
+from ledger.store import translated_errors
+
+log = structlog.get_logger("hookledger.chat_media")
+
+SOURCE = "media"
+FETCHED = "chat.media.fetched"
+FAILED = "chat.media.failed"
+MEDIA_DIR = "media"
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMedia:
+    sha256: str
+    size: int
+    path: str  # relative to home
+
+
+class MediaStore:
+    """Content-addressed files under ``<home>/media``."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+
+    def put(self, content: bytes) -> StoredMedia:
+        """Store ``content`` durably (idempotent); return where it is."""
+        digest = hashlib.sha256(content).hexdigest()
+        relative = Path(MEDIA_DIR) / digest[:2] / digest
+        target = self.home / relative
+        if not (target.exists() and target.stat().st_size == len(content)):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".part-")
+            try:
+                with os.fdopen(fd, "wb") as out:
+                    out.write(content)
+                    out.flush()
+                    os.fsync(out.fileno())
+                os.replace(tmp, target)
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+                raise
+            dir_fd = os.open(target.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        return StoredMedia(digest, len(content), relative.as_posix())
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """A received media message and what has happened to its media so far."""
+
+    position: int
+    media_id: str
+    message_id: str | None
+    phone_number_id: str | None
+    fetched: bool
+    failures: int
+    last_failed_at: datetime | None
+
+
+def backoff(failures: int, base_s: float, cap_s: float) -> float:
+    """Seconds to wait after the ``failures``-th failure before the next attempt."""
+    return min(cap_s, base_s * 2 ** max(0, failures - 1))
+
+
+def plan(rows: Sequence[Pending], *, after: int, now: datetime, max_attempts: int,
+         base_s: float, cap_s: float) -> tuple[list[Pending], int]:
+    """Pure: the rows due now (one per media id), and the new cursor.
+
+    The cursor moves past the leading run of settled rows (fetched, or given up), so later
+    polls never rescan them; an unsettled row holds it until it settles.
+    """
+    due: list[Pending] = []
+    seen: set[str] = set()
+    cursor, blocked = after, False
+    for row in rows:
+        settled = row.fetched or row.failures >= max_attempts
+        if settled and not blocked:
+            cursor = row.position
+            continue
+        blocked = True
+        if settled or row.media_id in seen:
+            continue
+        seen.add(row.media_id)
+        wait = timedelta(seconds=backoff(row.failures, base_s, cap_s))
+        if row.failures == 0 or row.last_failed_at is None or now >= row.last_failed_at + wait:
+            due.append(row)
+    return due, cursor
+
+
+def fetched_event(row: Pending, stored: StoredMedia, content_type: str,
+                  now: datetime) -> NewEvent:
+    payload = {"media_id": row.media_id, "message_id": row.message_id,
+               "phone_number_id": row.phone_number_id, "sha256": stored.sha256,
+               "size": stored.size, "content_type": content_type, "path": stored.path,
+               "attempt": row.failures + 1, "fetched_at": now}
+    text = dumps(payload)
+    return NewEvent(stream=f"chat-media:{row.media_id}", event_type=FETCHED, source=SOURCE,
+                    dedupe_key=f"media:fetched:{row.media_id}", payload_json=text,
+                    received_at=now, facts=payload)
+
+
+def failed_event(row: Pending, reason: str, detail: str | None, now: datetime,
+                 *, final: bool) -> NewEvent:
+    attempt = row.failures + 1
+    payload = {"media_id": row.media_id, "message_id": row.message_id,
+               "phone_number_id": row.phone_number_id, "attempt": attempt,
+               "reason": reason, "detail": detail, "final": final, "failed_at": now}
+    text = dumps(payload)
+    return NewEvent(stream=f"chat-media:{row.media_id}", event_type=FAILED, source=SOURCE,
+                    dedupe_key=f"media:failed:{row.media_id}:{attempt}", payload_json=text,
+                    received_at=now, facts=payload)
+
+
+class MediaFetcher:
+    """The background worker: poll the ledger, fetch what is due, record each outcome."""
+
+    def __init__(self, *, pool: AsyncConnectionPool, ledger: LedgerStore, api: ChatApi,
+                 store: MediaStore, poll_s: float = 2.0, max_attempts: int = 5,
+                 retry_base_s: float = 1.0, retry_cap_s: float = 300.0, batch: int = 200,
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+        self._pool = pool
+        self._ledger = ledger
+        self._api = api
+        self._store = store
+        self._poll_s = poll_s
+        self._max_attempts = max_attempts
+        self._base_s = retry_base_s
+        self._cap_s = retry_cap_s
+        self._batch = batch
+        self._clock = clock
+        self._cursor = 0
+        self._stopping = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="hookledger-chat-media")
+
+    async def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop polling; a fetch in flight gets ``timeout_s`` to finish, then is cancelled."""
+        self._stopping.set()
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), timeout_s)
+            except TimeoutError:
+                self._task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._task
+        await self._api.aclose()
+
+    async def _run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                await self.run_once()
+            except Exception as exc:  # noqa: BLE001 - the worker outlives a bad poll
+                log.warning("chat_media.poll_failed", error=type(exc).__name__)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self._poll_s)
+
+    async def _pending(self) -> list[Pending]:
+        async with translated_errors(), self._pool.connection() as conn:
+            cur = await conn.execute(load("ingest", "chat_media_pending"), {
+                "after": self._cursor, "kinds": sorted(MEDIA_KINDS), "limit": self._batch})
+            rows = await cur.fetchall()
+        return [Pending(*row) for row in rows]
+
+    async def run_once(self) -> int:
+        """One poll: fetch everything due now. Returns how many outcomes were recorded."""
+        rows = await self._pending()
+        due, self._cursor = plan(rows, after=self._cursor, now=self._clock(),
+                                 max_attempts=self._max_attempts, base_s=self._base_s,
+                                 cap_s=self._cap_s)
+        for row in due:
+            if self._stopping.is_set():
+                break
+            await self._fetch(row)
+        return len(due)
+
+    async def _fetch(self, row: Pending) -> None:
+        bound: dict[str, Any] = {"media_id": row.media_id, "attempt": row.failures + 1}
+        try:
+            media = await self._api.fetch_media(row.media_id)
+            stored = await asyncio.to_thread(self._store.put, media.content)
+        except (ChatApiError, OSError) as exc:
+            reason = exc.reason if isinstance(exc, ChatApiError) else "storage"
+            detail = exc.detail if isinstance(exc, ChatApiError) else type(exc).__name__
+            final = row.failures + 1 >= self._max_attempts
+            await self._ledger.append([failed_event(row, reason, detail, self._clock(),
+                                                    final=final)])
+            log.warning("chat_media.failed", reason=reason, detail=detail, final=final,
+                        **bound)
+            return
+        await self._ledger.append([fetched_event(row, stored, media.content_type,
+                                                 self._clock())])
+        log.info("chat_media.fetched", sha256=stored.sha256, size=stored.size, **bound)
+

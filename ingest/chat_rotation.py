@@ -1,0 +1,199 @@
+"""Rotating a number's chat secret: ask the provider, keep the answer first, then record it.
+
+The provider shows a new secret once and can never show it again, and from that moment
+signs new deliveries with it. So the order is fixed: call, then
+:meth:`ChatSecretStore.store_rotated` straight away (one committed transaction), and only
+then anything that may fail for other reasons (the ledger event, the answer to the caller).
+
+When storing fails, the secret must not be lost. :class:`SecretNotStored` carries it out of
+here (never in its message, args or repr); the edge decides where it goes: the command line
+prints it once to the operator, the admin API writes it to a 0600 file
+(:func:`rescue_to_file`) and answers where. Losing it is recoverable (rotate again once
+storage works; the provider re-signs retries with the then-current secret) but costs
+deliveries in between, so both edges try hard not to.
+
+The rotation is recorded as a ledger event (source ``admin``, ``chat.secret.rotated``) with
+the number, the secret's label and the time: never the secret.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import structlog
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from ingest.chat_api import ChatApi, ChatApiError, ChatApiRefused, ChatApiUnavailable
+from ingest.chat_secrets import ChatSecretStore, fingerprint, valid_phone_number_id
+from ingest.errors import IngestError
+from ledger import LedgerError, LedgerStore, NewEvent
+from ledger.jsonenc import dumps
+
+log = structlog.get_logger("hookledger.chat_rotation")
+
+SOURCE = "admin"
+ROTATED = "chat.secret.rotated"
+RESCUE_DIR = "rescued-secrets"
+
+
+class RotationError(IngestError):
+    """A rotation could not be done as asked."""
+
+
+class SecretNotStored(RotationError):
+    """The provider issued a new secret and it could not be stored; it must be rescued."""
+
+    def __init__(self, phone_number_id: str, label: str, cause: str, secret: str) -> None:
+        super().__init__("secret_not_stored",
+                         f"new secret {label} of {phone_number_id} could not be stored ({cause})")
+        self.phone_number_id = phone_number_id
+        self.label = label
+        self.__secret = secret  # name-mangled, outside args: no repr/str/log shows it
+
+    def reveal(self) -> str:
+        """The secret, for the one place that hands it to the operator."""
+        return self.__secret
+
+
+@dataclass(frozen=True, slots=True)
+class Rotated:
+    phone_number_id: str
+    label: str
+    at: datetime
+    recorded: bool  # the ledger event is in (or already was)
+
+
+def rotation_event(phone_number_id: str, label: str, at: datetime, *, via: str) -> NewEvent:
+    """The ledger event of a rotation; idempotent per (number, secret). Pure."""
+    payload = {"phone_number_id": phone_number_id, "label": label, "rotated_at": at,
+               "via": via}
+    return NewEvent(stream=f"chat-number:{phone_number_id}", event_type=ROTATED,
+                    source=SOURCE, dedupe_key=f"admin:{ROTATED}:{phone_number_id}:{label}",
+                    payload_json=dumps(payload), received_at=at, facts=payload)
+
+
+async def keep_secret(secrets: ChatSecretStore, ledger: LedgerStore, phone_number_id: str,
+                      secret: str, *, via: str,
+                      clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> Rotated:
+    """Store a just-issued secret, then record the rotation. Raises :class:`SecretNotStored`."""
+    at = clock()
+    try:
+        label = await secrets.store_rotated(phone_number_id, secret, at)
+    except Exception as exc:  # noqa: BLE001 - whatever failed, the secret goes back out
+        cause = getattr(exc, "reason", None) or type(exc).__name__
+        log.error("chat_secret.not_stored", phone_number_id=phone_number_id,
+                  label=fingerprint(secret), cause=cause)
+        raise SecretNotStored(phone_number_id, fingerprint(secret), cause, secret) from None
+    try:
+        await ledger.append([rotation_event(phone_number_id, label, at, via=via)])
+        recorded = True
+    except LedgerError as exc:
+        log.warning("chat_secret.rotation_not_recorded", phone_number_id=phone_number_id,
+                    label=label, error=type(exc).__name__)
+        recorded = False
+    return Rotated(phone_number_id, label, at, recorded)
+
+
+async def rotate(api: ChatApi, secrets: ChatSecretStore, ledger: LedgerStore,
+                 phone_number_id: str, *, via: str,
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> Rotated:
+    """Rotate through the provider and keep the new secret before anything else."""
+    if not valid_phone_number_id(phone_number_id):
+        raise RotationError("invalid_phone_number_id",
+                            f"phone number id {phone_number_id[:80]!r} is not a valid id")
+    secret = await api.rotate_secret(phone_number_id)
+    return await keep_secret(secrets, ledger, phone_number_id, secret, via=via, clock=clock)
+
+
+def rescue_to_file(home: Path, phone_number_id: str, label: str, secret: str,
+                   at: datetime) -> Path:
+    """Write a secret that could not be stored to a new 0600 file (folder 0700); fsynced."""
+    folder = home / RESCUE_DIR
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(folder, 0o700)
+    name = f"{phone_number_id}-{at.strftime('%Y%m%dT%H%M%SZ')}-{label.split(':')[-1]}.secret"
+    path = folder / name
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, secret.encode("utf-8") + b"\n")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return path.resolve()
+
+
+@dataclass
+class ChatOps:
+    """What the admin route needs from the running service (set on ``app.state.chat_ops``)."""
+
+    secrets: ChatSecretStore
+    ledger: LedgerStore
+    home: Path
+    api: Callable[[], ChatApi] | None  # None: HOOKLEDGER_API_BASE_URL is not set
+
+
+def _answer(status: int, **body: Any) -> JSONResponse:
+    return JSONResponse(body, status_code=status)
+
+
+async def admin_rotate_secret(request: Request) -> Response:
+    """``POST /api/chat/{phone_number_id}/rotate-secret``: answers the label, never the secret."""
+    ops: ChatOps = request.app.state.chat_ops
+    phone_number_id = request.path_params["phone_number_id"]
+    if not valid_phone_number_id(phone_number_id):
+        return _answer(400, error="bad_request", detail="not a valid phone number id")
+    make_api = ops.api
+    if make_api is None:
+        return _answer(503, error="api_not_configured",
+                       detail="HOOKLEDGER_API_BASE_URL is not set")
+
+    async def run() -> Rotated:
+        async with make_api() as api:
+            return await rotate(api, ops.secrets, ops.ledger, phone_number_id, via="admin")
+
+    # shielded: a caller who hangs up must not cancel us between the answer and the store
+    try:
+        rotated = await asyncio.shield(asyncio.create_task(run()))
+    except SecretNotStored as exc:
+        at = datetime.now(UTC)
+        try:
+            path = await asyncio.to_thread(rescue_to_file, ops.home, phone_number_id,
+                                           exc.label, exc.reveal(), at)
+        except OSError as io_error:
+            log.error("chat_secret.lost", phone_number_id=phone_number_id, label=exc.label,
+                      error=type(io_error).__name__)
+            return _answer(500, error="secret_lost", phone_number_id=phone_number_id,
+                           label=exc.label, detail=(
+                               f"{exc}; writing it to a rescue file failed too. Rotate again "
+                               "once storage works; deliveries signed with it are refused "
+                               "meanwhile and retried by the provider."))
+        log.error("chat_secret.rescued", phone_number_id=phone_number_id, label=exc.label,
+                  path=str(path))
+        return _answer(500, error="secret_not_stored", phone_number_id=phone_number_id,
+                       label=exc.label, rescued_to=str(path), detail=(
+                           f"{exc}. The provider already signs with it. It was written to "
+                           "the rescue file (mode 0600); once the database is fixed run "
+                           f"'hookledger chat store-secret {phone_number_id} --from-file "
+                           "<file>', then delete the file."))
+    except RotationError as exc:
+        return _answer(400, error=exc.reason, detail=exc.detail)
+    except ChatApiUnavailable as exc:
+        return _answer(503, error="provider_unavailable", detail=str(exc))
+    except ChatApiRefused as exc:
+        return _answer(502, error="provider_refused", detail=str(exc), code=exc.code)
+    except ChatApiError as exc:
+        return _answer(502, error="provider_answer_unusable", detail=str(exc))
+    return _answer(200, phone_number_id=rotated.phone_number_id, label=rotated.label,
+                   rotated_at=rotated.at.isoformat(), recorded=rotated.recorded)
+
+
+ROTATE_RESPONSE_SCHEMA = {"type": "object", "properties": {
+    "phone_number_id": {"type": "string"}, "label": {"type": "string"},
+    "rotated_at": {"type": "string", "format": "date-time"}, "recorded": {"type": "boolean"}}}

@@ -1,0 +1,24 @@
+-- Received media messages after a position, each with the outcomes recorded so far for its
+-- media id (its stream ``chat-media:<id>``, found through the (stream, position) index).
+SELECT r.position,
+       r.facts->>'media_id' AS media_id,
+       r.facts->>'message_id' AS message_id,
+       r.facts->>'phone_number_id' AS phone_number_id,
+       o.fetched,
+       o.failures,
+       o.last_failed_at
+FROM hookledger_private.ledger_events r
+CROSS JOIN LATERAL (
+    SELECT coalesce(bool_or(e.event_type = 'chat.media.fetched'), false) AS fetched,
+           count(*) FILTER (WHERE e.event_type = 'chat.media.failed') AS failures,
+           max(e.received_at) FILTER (WHERE e.event_type = 'chat.media.failed')
+               AS last_failed_at
+    FROM hookledger_private.ledger_events e
+    WHERE e.stream = 'chat-media:' || (r.facts->>'media_id')
+) o
+WHERE r.event_type = 'chat.message.received'
+  AND r.position > %(after)s
+  AND r.facts->>'media_id' IS NOT NULL
+  AND r.facts->>'message_type' = ANY(%(kinds)s)
+ORDER BY r.position
+LIMIT %(limit)s

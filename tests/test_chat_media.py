@@ -1,0 +1,165 @@
+"""Inbound media fetched in the background from the real sandbox API, with the ledger as state."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ingest.chat_api import ChatApiMalformed, ChatApiRefused, ChatApiUnavailable, parse_envelope
+from ingest.chat_media import Pending, plan
+from sandbox.runner import Sandbox, running_sandbox
+from sandbox.state import media_bytes
+from tests.chat_events import PHONE, encode, inbound
+from tests.chat_live import API_KEY, json_logs, post_chat, rows, wait_for  # noqa: F401
+from tests.live import running_service
+
+SECRET = "chat-secret-media-1"
+MAX_ATTEMPTS = 3
+
+
+@pytest.fixture
+def sandbox() -> Iterator[Sandbox]:
+    with running_sandbox(api_key=API_KEY) as box:
+        box.state.connect_number(PHONE, secret=SECRET)
+        yield box
+
+
+@pytest.fixture
+def service(db_url: str, sandbox: Sandbox, tmp_path: Path) -> Iterator[str]:
+    with running_service(db_url, chat_secrets={PHONE: SECRET}, api_base_url=sandbox.url,
+                         api_key=API_KEY, home=tmp_path, chat_media_poll_s=0.1,
+                         chat_media_retry_base_s=0.1, chat_media_max_attempts=MAX_ATTEMPTS,
+                         chat_api_timeout_s=2) as base:
+        sandbox.state.set_webhook_url(PHONE, f"{base}/webhooks/chat/{PHONE}")
+        yield base
+
+
+def media_events(db_url: str) -> list[tuple[str, str, dict[str, Any]]]:
+    return rows(db_url, "SELECT event_type, source, payload FROM hookledger.ledger "
+                        "WHERE stream LIKE 'chat-media:%%' ORDER BY position")
+
+
+def deliver_image(sandbox: Sandbox, media_id: str, message_id: str, delivery_id: str) -> None:
+    body = inbound("image", message_id=message_id)
+    body["message"]["image"]["id"] = media_id
+    sent = sandbox.queue_chat(PHONE, body, delivery_id=delivery_id)
+    sandbox.dispatcher.drain()
+    assert sent is not None and sent.state == "delivered"
+
+
+def fetched(db_url: str) -> list[dict[str, Any]]:
+    return [p for t, _, p in media_events(db_url) if t == "chat.media.fetched"]
+
+
+def test_a_media_message_leads_to_stored_bytes_and_a_fetched_event(
+        service: str, sandbox: Sandbox, db_url: str, tmp_path: Path) -> None:
+    sandbox.state.issue_media("media-img-1", "image")
+    deliver_image(sandbox, "media-img-1", "wamid.M1", "d-1")
+    # a second copy of the message under another delivery id: still one fetch
+    deliver_image(sandbox, "media-img-1", "wamid.M1", "d-1-copy")
+    [event] = wait_for(lambda: fetched(db_url))
+    expected = media_bytes("media-img-1")
+    digest = hashlib.sha256(expected).hexdigest()
+    assert event["sha256"] == digest and event["size"] == len(expected)
+    assert event["content_type"] == "image/jpeg" and event["message_id"] == "wamid.M1"
+    assert event["path"] == f"media/{digest[:2]}/{digest}" and event["attempt"] == 1
+    assert (tmp_path / event["path"]).read_bytes() == expected
+    time.sleep(0.5)  # more polls change nothing
+    assert [(t, s) for t, s, _ in media_events(db_url)] == [("chat.media.fetched", "media")]
+
+
+def test_a_failing_media_endpoint_is_retried_then_fetched(
+        service: str, sandbox: Sandbox, db_url: str, tmp_path: Path) -> None:
+    sandbox.state.issue_media("media-doc-1", "document")
+    sandbox.faults.set(error_count=2, error_status=503)
+    deliver_image(sandbox, "media-doc-1", "wamid.M2", "d-2")
+    wait_for(lambda: fetched(db_url))
+    events = media_events(db_url)
+    assert [(t, p["attempt"]) for t, _, p in events] == [
+        ("chat.media.failed", 1), ("chat.media.failed", 2), ("chat.media.fetched", 3)]
+    assert {p["reason"] for t, _, p in events if t == "chat.media.failed"} == {"unavailable"}
+    stored = events[-1][2]
+    assert stored["content_type"] == "application/pdf"
+    assert (tmp_path / stored["path"]).read_bytes() == media_bytes("media-doc-1")
+
+
+def test_permanent_failures_stop_after_the_bound(
+        service: str, sandbox: Sandbox, db_url: str) -> None:
+    deliver_image(sandbox, "media-never-issued", "wamid.M3", "d-3")  # the API answers 404
+    wait_for(lambda: len(media_events(db_url)) >= MAX_ATTEMPTS)
+    time.sleep(1.0)  # well past the next backoff: nothing more is tried
+    events = media_events(db_url)
+    assert [(t, p["attempt"], p["final"]) for t, _, p in events] == [
+        ("chat.media.failed", 1, False), ("chat.media.failed", 2, False),
+        ("chat.media.failed", 3, True)]
+    assert all(p["detail"].startswith("HTTP 404") for _, _, p in events)
+
+
+def test_text_messages_are_not_fetched_and_the_request_path_does_not_wait(
+        service: str, sandbox: Sandbox, db_url: str) -> None:
+    sandbox.state.issue_media("media-slow", "video")
+    sandbox.faults.set(latency_ms=1500)  # a slow media endpoint
+    started = time.monotonic()
+    raw = encode(inbound("video", message_id="wamid.V1"))
+    body = json.loads(raw)
+    body["message"]["video"]["id"] = "media-slow"
+    assert post_chat(service, PHONE, encode(body), SECRET, delivery_id="v-1").status_code == 200
+    assert post_chat(service, PHONE, encode(inbound("text", message_id="wamid.T1")), SECRET,
+                     delivery_id="t-1").status_code == 200
+    assert time.monotonic() - started < 1.0  # answered before the media arrived
+    [event] = wait_for(lambda: fetched(db_url))
+    assert event["message_id"] == "wamid.V1"
+
+
+def test_no_api_key_in_media_logs(service: str, sandbox: Sandbox, db_url: str,
+                                  json_logs: None,  # noqa: F811
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    sandbox.faults.set(error_count=1)
+    sandbox.state.issue_media("media-aud-1", "audio")
+    deliver_image(sandbox, "media-aud-1", "wamid.M4", "d-4")
+    wait_for(lambda: fetched(db_url))
+    err = capsys.readouterr().err
+    assert "chat_media.failed" in err and "chat_media.fetched" in err
+    assert API_KEY not in err and SECRET not in err
+
+
+# -- pure parts ----------------------------------------------------------------------------
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def pending(position: int, media_id: str, *, fetched: bool = False, failures: int = 0,
+            ago_s: float | None = None) -> Pending:
+    last = NOW - timedelta(seconds=ago_s) if ago_s is not None else None
+    return Pending(position, media_id, f"m-{position}", PHONE, fetched, failures, last)
+
+
+def test_plan_skips_settled_rows_waits_for_backoff_and_holds_the_cursor() -> None:
+    rows_ = [pending(1, "a", fetched=True), pending(2, "b", failures=3, ago_s=1),
+             pending(3, "c", failures=1, ago_s=0.5), pending(4, "d"),
+             pending(5, "d"), pending(6, "e", failures=2, ago_s=10)]
+    due, cursor = plan(rows_, after=0, now=NOW, max_attempts=3, base_s=1, cap_s=60)
+    assert [r.media_id for r in due] == ["d", "e"]  # c waits 1 s after its first failure
+    assert cursor == 2  # past a (fetched) and b (given up); c holds it
+
+
+def test_envelopes_are_read_strictly() -> None:
+    ok = parse_envelope(200, b'{"success":true,"code":1000,"message":"ok","data":{"a":1}}')
+    assert ok.data == {"a": 1}
+    with pytest.raises(ChatApiRefused) as refused:
+        parse_envelope(401, b'{"success":false,"code":40101,"message":"bad key k-123456",'
+                            b'"data":null}', api_key="k-123456")
+    assert refused.value.code == 40101 and "k-123456" not in str(refused.value)
+    with pytest.raises(ChatApiUnavailable):
+        parse_envelope(503, b"<html>busy</html>")
+    for body in (b"[]", b"{}", b'{"success":true}', b'{"success":"yes","code":1,'
+                 b'"message":"","data":{}}', b"\xff"):
+        with pytest.raises(ChatApiMalformed):
+            parse_envelope(200, body)

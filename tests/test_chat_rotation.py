@@ -1,0 +1,271 @@
+"""Chat secret rotation and set-webhook against the real sandbox API and a real hookledger.
+
+No patched HTTP clients: hookledger calls the sandbox over loopback HTTP, deliveries reach
+hookledger over HTTP, storage is the test's real PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import structlog
+from click.testing import CliRunner
+
+from hookledger import logs
+from hookledger.cli import main
+from ingest.chat_secrets import fingerprint
+from sandbox.runner import Sandbox, running_sandbox
+from tests.chat_events import PHONE, encode, inbound
+from tests.chat_live import (
+    ADMIN_TOKEN,
+    API_KEY,
+    cli_env,
+    execute,
+    json_logs,  # noqa: F401 - fixture
+    post_chat,
+    rows,
+    wait_for,
+)
+from tests.live import running_service
+
+OLD_SECRET = "chat-secret-before-rotation-1"
+GRACE_S = 2
+HIDE_TABLE = "ALTER TABLE hookledger_private.chat_secrets RENAME TO chat_secrets_away"
+SHOW_TABLE = "ALTER TABLE hookledger_private.chat_secrets_away RENAME TO chat_secrets"
+
+
+@pytest.fixture
+def sandbox() -> Iterator[Sandbox]:
+    with running_sandbox(api_key=API_KEY) as box:
+        box.state.connect_number(PHONE, secret=OLD_SECRET)
+        yield box
+
+
+@pytest.fixture
+def service(db_url: str, sandbox: Sandbox, tmp_path: Path) -> Iterator[str]:
+    with running_service(db_url, chat_secrets={PHONE: OLD_SECRET}, rotation_grace_s=GRACE_S,
+                         api_base_url=sandbox.url, api_key=API_KEY, admin_token=ADMIN_TOKEN,
+                         home=tmp_path) as base:
+        sandbox.state.set_webhook_url(PHONE, f"{base}/webhooks/chat/{PHONE}")
+        yield base
+
+
+@pytest.fixture(autouse=True)
+def _uncached_cli_logging(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The CLI configures structlog for its process with cached loggers; in a test process
+    that would pin module loggers to it for later tests, so configure without the cache."""
+    real = logs.configure
+    monkeypatch.setattr(logs, "configure", lambda **kw: real(**{**kw, "cache": False}))
+    yield
+    structlog.reset_defaults()
+
+
+def admin_rotate(base: str, phone: str = PHONE, token: str = ADMIN_TOKEN) -> httpx.Response:
+    return httpx.post(f"{base}/api/chat/{phone}/rotate-secret",
+                      headers={"authorization": f"Bearer {token}"}, timeout=30)
+
+
+def stored_secrets(db_url: str) -> dict[str, object]:
+    return {secret: retired for secret, retired in rows(
+        db_url, "SELECT secret, retired_at FROM hookledger_private.chat_secrets "
+                "WHERE phone_number_id = %s", PHONE)}
+
+
+def rotation_events(db_url: str) -> list[tuple[str, str, dict[str, object], str]]:
+    return rows(db_url, "SELECT source, stream, payload, payload::text || facts::text "
+                        "FROM hookledger.ledger WHERE event_type = 'chat.secret.rotated'")
+
+
+def invoke(args: list[str], env: dict[str, str], stdin: str | None = None):  # type: ignore[no-untyped-def]
+    return CliRunner().invoke(main, args, env=env, input=stdin, catch_exceptions=False)
+
+
+def test_admin_rotation_keeps_the_secret_honours_grace_and_records_no_secret(
+        service: str, sandbox: Sandbox, db_url: str) -> None:
+    """Stored before the answer; new secret at once, old one only inside the grace period."""
+    sandbox.dispatcher.pause()  # a delivery queued before the rotation, signed with the old
+    queued = sandbox.queue_chat(PHONE, inbound(message_id="wamid.Q1"), delivery_id="queued-1")
+    answer = admin_rotate(service)
+    assert answer.status_code == 200, answer.text
+    new_secret = sandbox.state.number(PHONE).secret  # type: ignore[union-attr]
+    assert new_secret != OLD_SECRET and new_secret not in answer.text
+    assert answer.json()["label"] == fingerprint(new_secret)
+    assert answer.json()["recorded"] is True
+    secrets = stored_secrets(db_url)  # committed before the answer was sent
+    assert secrets[new_secret] is None and secrets[OLD_SECRET] is not None
+
+    sandbox.dispatcher.resume()
+    sandbox.dispatcher.drain()
+    assert queued is not None and queued.secret == OLD_SECRET
+    assert queued.answers[0][1].status == 200  # old secret, inside the grace period
+    fresh = sandbox.queue_chat(PHONE, inbound(message_id="wamid.N1"), delivery_id="new-1")
+    sandbox.dispatcher.drain()
+    assert fresh is not None and fresh.answers[0][1].status == 200  # new secret, at once
+
+    time.sleep(GRACE_S + 1.2)  # past the grace period and the store's one-second cache
+    raw = encode(inbound(message_id="wamid.LATE"))
+    assert post_chat(service, PHONE, raw, OLD_SECRET, delivery_id="late-old").status_code == 401
+    assert post_chat(service, PHONE, raw, new_secret, delivery_id="late-new").status_code == 200
+
+    [(source, stream, payload, text)] = rotation_events(db_url)
+    assert (source, stream) == ("admin", f"chat-number:{PHONE}")
+    assert payload["label"] == fingerprint(new_secret) and payload["via"] == "admin"
+    assert payload["phone_number_id"] == PHONE and payload["rotated_at"]
+    assert new_secret not in text and OLD_SECRET not in text
+
+
+def test_cli_rotation_stores_the_secret_and_the_running_service_takes_it(
+        service: str, sandbox: Sandbox, db_url: str, tmp_path: Path) -> None:
+    result = invoke(["chat", "rotate-secret", PHONE], cli_env(db_url, sandbox.url,
+                                                              str(tmp_path)))
+    assert result.exit_code == 0, result.output
+    new_secret = sandbox.state.number(PHONE).secret  # type: ignore[union-attr]
+    assert fingerprint(new_secret) in result.stdout
+    assert new_secret not in result.output and API_KEY not in result.output
+    assert stored_secrets(db_url)[new_secret] is None
+    raw = encode(inbound(message_id="wamid.CLI"))
+    # another process stored it: the service sees it within its one-second cache
+    wait_for(lambda: post_chat(service, PHONE, raw, new_secret,
+                               delivery_id="cli-new").status_code == 200, timeout_s=5)
+    [(source, _, payload, text)] = rotation_events(db_url)
+    assert source == "admin" and payload["via"] == "cli" and new_secret not in text
+
+
+def test_cli_storing_failure_prints_the_secret_once_and_store_secret_recovers_it(
+        sandbox: Sandbox, db_url: str, tmp_path: Path) -> None:
+    """A real failure: the secrets table is not there when the answer arrives."""
+    env = cli_env(db_url, sandbox.url, str(tmp_path))
+    execute(db_url, HIDE_TABLE)
+    result = invoke(["chat", "rotate-secret", PHONE], env)
+    assert result.exit_code == 3
+    new_secret = sandbox.state.number(PHONE).secret  # type: ignore[union-attr]
+    assert result.stderr.count(new_secret) == 1 and new_secret not in result.stdout
+    assert "WARNING" in result.stderr and "never show it again" in result.stderr
+    assert API_KEY not in result.output
+    log_lines = [line for line in result.stderr.splitlines() if line.startswith("{")]
+    assert any(json.loads(line)["event"] == "chat_secret.not_stored" for line in log_lines)
+    assert all(new_secret not in line for line in log_lines)
+
+    execute(db_url, SHOW_TABLE)
+    stored = invoke(["chat", "store-secret", PHONE], env, stdin=new_secret + "\n")
+    assert stored.exit_code == 0, stored.output
+    assert new_secret not in stored.output
+    assert stored_secrets(db_url)[new_secret] is None
+    [(_, _, payload, _)] = rotation_events(db_url)
+    assert payload["via"] == "store-secret"
+
+
+def test_admin_storing_failure_rescues_the_secret_to_a_private_file(
+        service: str, sandbox: Sandbox, db_url: str, tmp_path: Path) -> None:
+    execute(db_url, HIDE_TABLE)
+    answer = admin_rotate(service)
+    execute(db_url, SHOW_TABLE)
+    assert answer.status_code == 500
+    new_secret = sandbox.state.number(PHONE).secret  # type: ignore[union-attr]
+    assert new_secret not in answer.text
+    body = answer.json()
+    assert body["error"] == "secret_not_stored" and body["label"] == fingerprint(new_secret)
+    rescued = Path(body["rescued_to"])
+    assert rescued.parent == (tmp_path / "rescued-secrets").resolve()
+    assert stat.S_IMODE(os.stat(rescued).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(rescued.parent).st_mode) == 0o700
+    assert rescued.read_text().strip() == new_secret
+
+    result = invoke(["chat", "store-secret", PHONE, "--from-file", str(rescued)],
+                    cli_env(db_url, sandbox.url, str(tmp_path)))
+    assert result.exit_code == 0, result.output
+    raw = encode(inbound(message_id="wamid.RESCUED"))
+    wait_for(lambda: post_chat(service, PHONE, raw, new_secret,
+                               delivery_id="rescued").status_code == 200, timeout_s=5)
+
+
+def test_wrong_api_key_is_a_clear_error_without_the_key_or_a_secret(
+        sandbox: Sandbox, db_url: str, tmp_path: Path) -> None:
+    wrong = "wrong-api-key-d00d5eed"
+    env = cli_env(db_url, sandbox.url, str(tmp_path), HOOKLEDGER_API_KEY=wrong)
+    result = invoke(["chat", "rotate-secret", PHONE], env)
+    assert result.exit_code == 1
+    assert "40101" in result.stderr and "rotation failed" in result.stderr
+    assert "Traceback" not in result.output
+    assert wrong not in result.output and API_KEY not in result.output
+    assert OLD_SECRET == sandbox.state.number(PHONE).secret  # type: ignore[union-attr]
+    assert rotation_events(db_url) == []
+
+
+def test_admin_route_needs_the_token_and_refuses_when_the_provider_refuses(
+        db_url: str, sandbox: Sandbox, tmp_path: Path) -> None:
+    with running_service(db_url, api_base_url=sandbox.url, api_key="not-the-key-5b1e",
+                         admin_token=ADMIN_TOKEN, home=tmp_path) as base:
+        assert admin_rotate(base, token="nope").status_code == 401
+        assert admin_rotate(base, phone="bad id!").status_code == 400
+        answer = admin_rotate(base)
+    assert answer.status_code == 502 and answer.json()["code"] == 40101
+    assert "not-the-key-5b1e" not in answer.text
+
+
+def test_a_renamed_answer_field_is_reported_not_crashed_on(
+        sandbox: Sandbox, db_url: str, tmp_path: Path) -> None:
+    env = cli_env(db_url, sandbox.url, str(tmp_path),
+                  HOOKLEDGER_CHAT_ROTATE_SECRET_FIELD="webhookSecret")
+    result = invoke(["chat", "rotate-secret", PHONE], env)
+    assert result.exit_code == 1
+    assert "data.webhookSecret" in result.stderr and "rotate again" in result.stderr
+    assert sandbox.state.number(PHONE).secret not in result.output  # type: ignore[union-attr]
+
+
+def test_a_malformed_envelope_is_a_clear_error(sandbox: Sandbox, db_url: str,
+                                               tmp_path: Path) -> None:
+    env = cli_env(db_url, sandbox.url, str(tmp_path))
+    for kind in ("missing_fields", "non_json"):
+        sandbox.faults.set(malformed_count=1, malformed_kind=kind)
+        result = invoke(["chat", "set-webhook", PHONE, "https://hooks.example/chat"], env)
+        assert result.exit_code == 1, result.output
+        assert "set-webhook failed" in result.stderr and "Traceback" not in result.output
+
+
+def test_set_webhook_changes_the_number_url_at_the_sandbox(
+        sandbox: Sandbox, db_url: str, tmp_path: Path) -> None:
+    env = cli_env(db_url, sandbox.url, str(tmp_path))
+    result = invoke(["chat", "set-webhook", PHONE, "https://hooks.example/webhooks/chat/1"],
+                    env)
+    assert result.exit_code == 0, result.output
+    assert "Phone number updated" in result.stdout
+    number = sandbox.state.number(PHONE)
+    assert number is not None and number.webhook_url == "https://hooks.example/webhooks/chat/1"
+    # the provider's field name is configurable (the spec does not give it)
+    env["HOOKLEDGER_CHAT_WEBHOOK_FIELD"] = "url"
+    result = invoke(["chat", "set-webhook", PHONE, "http://127.0.0.1:8080/webhooks/chat/1"],
+                    env)
+    assert result.exit_code == 0, result.output
+    assert sandbox.state.number(PHONE).webhook_url.startswith("http://127.0.0.1")  # type: ignore[union-attr]
+    # plain http to a public host is refused before any call
+    result = invoke(["chat", "set-webhook", PHONE, "http://hooks.example/x"], env)
+    assert result.exit_code == 2 and "https" in result.stderr
+    assert sandbox.state.number(PHONE).webhook_url.startswith("http://127.0.0.1")  # type: ignore[union-attr]
+
+
+def test_no_secret_api_key_or_admin_token_in_logs_of_these_paths(
+        service: str, sandbox: Sandbox, db_url: str, tmp_path: Path, json_logs: None,  # noqa: F811
+        capsys: pytest.CaptureFixture[str]) -> None:
+    issued = []
+    assert admin_rotate(service).status_code == 200
+    issued.append(sandbox.state.number(PHONE).secret)  # type: ignore[union-attr]
+    execute(db_url, HIDE_TABLE)
+    assert admin_rotate(service).status_code == 500
+    issued.append(sandbox.state.number(PHONE).secret)  # type: ignore[union-attr]
+    execute(db_url, SHOW_TABLE)
+    raw = encode(inbound(message_id="wamid.LOG"))
+    post_chat(service, PHONE, raw, issued[0], delivery_id="log-1")
+    err = capsys.readouterr().err
+    events = {json.loads(line)["event"] for line in err.splitlines() if line.startswith("{")}
+    assert {"chat_secret.rotated", "chat_secret.not_stored", "chat_secret.rescued",
+            "delivery.accepted"} <= events
+    for value in [*issued, OLD_SECRET, API_KEY, ADMIN_TOKEN]:
+        assert value not in err, value[:6]
