@@ -6,6 +6,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from hookledger.admin_api import AdminRoute
+from ingest.chat_rotation import ROTATE_RESPONSE_SCHEMA, admin_rotate_secret
 
 
 async def status(request: Request) -> Response:
@@ -29,3 +30,25 @@ ADMIN_ROUTES: list[AdminRoute] = [
     AdminRoute("/api/status", "GET", status, "Ledger head and projector position",
                response_schema=STATUS_SCHEMA),
 ]
+
+ADMIN_ROUTES.append(AdminRoute(
+    "/api/chat/{phone_number_id}/rotate-secret", "POST", admin_rotate_secret,
+    "Rotate a number's chat secret through the provider and keep it (answers its label only)",
+    responses={200: "rotated and stored", 400: "not a valid phone number id",
+               500: "issued but not stored: rescued to a 0600 file (see rescued_to)",
+               502: "the provider refused or answered unusably",
+               503: "API not configured or provider unavailable"},
+    response_schema=ROTATE_RESPONSE_SCHEMA))
+
+from reconcile.api import post_expectation  # noqa: E402
+from reconcile.expectations import REQUEST_SCHEMA as EXPECTATION_SCHEMA  # noqa: E402
+from reconcile.expectations import RESPONSE_SCHEMA as EXPECTATION_RESPONSE  # noqa: E402
+
+ADMIN_ROUTES.append(AdminRoute(
+    "/api/expectations", "POST", post_expectation,
+    "Register an initiated collection or payout, so that a webhook that never comes is noticed",
+    request_schema=EXPECTATION_SCHEMA,
+    responses={201: "registered", 200: "already registered alike (idempotent)",
+               400: "invalid body", 409: "reference already expected with another kind or "
+               "amount", 413: "body too large"},
+    response_schema=EXPECTATION_RESPONSE))

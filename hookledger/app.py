@@ -22,9 +22,13 @@ from starlette.routing import Route
 
 from hookledger.admin_api import admin_routes
 from hookledger.admin_endpoints import ADMIN_ROUTES
+from hookledger.chat_commands import chat_api_factory
 from hookledger.settings import Settings
 from ingest.appender import BatchingAppender
+from ingest.chat_body import PLATFORM_ERROR_CAUSES
 from ingest.chat_endpoint import ChatEndpoint
+from ingest.chat_media import MediaFetcher, MediaStore
+from ingest.chat_rotation import ChatOps
 from ingest.chat_secrets import ChatSecretStore
 from ingest.general_endpoint import GeneralEndpoint
 from ingest.metrics import IngestMetrics
@@ -78,7 +82,10 @@ def create_app(settings: Settings, database_url: str) -> Starlette:
             app.state.chat = ChatEndpoint(
                 secrets=chat_secrets, tolerance_s=settings.chat_tolerance_s,
                 max_body_bytes=settings.max_body_bytes, appender=appender, pool=pool,
-                metrics=metrics)
+                metrics=metrics,
+                error_causes={**PLATFORM_ERROR_CAUSES, **settings.chat_error_causes})
+            chat_api = chat_api_factory(settings)
+            app.state.chat_ops = ChatOps(chat_secrets, store, settings.home, chat_api)
             projector = LiveProjector(database_url, batch_size=settings.projector_batch_size)
             app.state.projector = projector
             projector_task = asyncio.create_task(projector.run(), name="hookledger-projector")
@@ -88,6 +95,29 @@ def create_app(settings: Settings, database_url: str) -> Starlette:
                 await projector_task
 
             stack.push_async_callback(stop_projector)
+            if chat_api is not None:  # media is fetched off the request path, from the ledger
+                media = MediaFetcher(
+                    pool=pool, ledger=store, api=chat_api(), store=MediaStore(settings.home),
+                    poll_s=settings.chat_media_poll_s,
+                    max_attempts=settings.chat_media_max_attempts,
+                    retry_base_s=settings.chat_media_retry_base_s)
+                media.start()
+                stack.push_async_callback(media.stop)
+            if settings.api_base_url:  # reconciliation runs only when the API is configured
+                from reconcile.metrics import ReconcileMetrics
+                from reconcile.runner import Reconciler
+                from reconcile.scheduler import ReconcileScheduler
+                from reconcile.wiring import client_from, config_from
+
+                reconcile_metrics = ReconcileMetrics.create(metrics.registry)
+                client = client_from(settings)
+                app.state.reconciler = ReconcileScheduler(
+                    Reconciler(database_url, client, config_from(settings), reconcile_metrics),
+                    client, interval_s=settings.reconcile_interval_s,
+                    database_url=database_url, reports_dir=settings.home / "reports",
+                    report_interval_s=settings.report_interval_s, metrics=reconcile_metrics)
+                app.state.reconciler.start()
+                stack.push_async_callback(app.state.reconciler.shutdown)
             log.info("service.started", general_webhooks=sorted(settings.general_secrets),
                      chat_numbers=len(settings.chat_secrets))
             yield

@@ -192,11 +192,21 @@ def db_url() -> None:
                    "'hookledger serve' does", err=True)
 
 
+from hookledger.chat_commands import chat  # noqa: E402
 from hookledger.demo import demo  # noqa: E402
+from hookledger.reconcile_commands import (  # noqa: E402
+    expect_command,
+    reconcile_command,
+    report_command,
+)
 from sandbox.cli import sandbox  # noqa: E402
 
 main.add_command(sandbox)
 main.add_command(demo)
+main.add_command(reconcile_command)
+main.add_command(report_command)
+main.add_command(expect_command)
+main.add_command(chat)
 
 
 if __name__ == "__main__":  # pragma: no cover

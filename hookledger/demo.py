@@ -4,18 +4,21 @@ Starts the embedded PostgreSQL in a throw-away home, a hookledger service and th
 API on free loopback ports, runs a faulty scenario into the service, prints what happened,
 and stops everything (nothing is left running; the home is removed unless ``--keep``).
 
-The steps after the run are a list (:data:`REPORT_STEPS`): reconciliation and projections
-do not exist yet; when they do, a step that reconciles against the sandbox API is appended
-there.
+The steps after the run are a list (:data:`REPORT_STEPS`); the last one registers what the
+merchant initiated as expectations, reconciles against the sandbox API, and compares what
+reconciliation found with the scenario's ground truth.
 """
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +29,14 @@ from hookledger import logs, migrate
 from hookledger.app import create_app
 from hookledger.database import database
 from hookledger.settings import Settings
+from reconcile.client import ReferenceClient
+from reconcile.runner import PassConfig, PassResult, Reconciler
+from sandbox import jsonenc
 from sandbox.cli import state_for
 from sandbox.run import RunReport, run_plan
 from sandbox.runner import Sandbox, running_sandbox, serve_asgi
 from sandbox.scenario import Plan, make_plan
+from sandbox.state import DEFAULT_API_KEY
 
 GENERAL_SECRETS = {"primary": "whsec-demo-primary", "backup": "whsec-demo-backup",
                    "third": "whsec-demo-third"}
@@ -80,12 +87,67 @@ def _ledger(ctx: DemoContext) -> list[str]:
     return lines
 
 
-def _not_yet(ctx: DemoContext) -> list[str]:
-    return ["reconciliation and projections: not available yet in this build "
-            f"(the sandbox API at {ctx.sandbox.url} holds the records they will check)"]
+def lost_last_states(truth: dict[str, Any]) -> set[tuple[str, str]]:
+    """Collections and payouts whose LAST provider event never arrived (dropped, or sent
+    only badly signed): exactly the states reconciliation must recover."""
+    last: dict[tuple[str, str], dict[str, Any]] = {}
+    for event in truth["general_events"]:
+        subject = {"payment": "collection", "payout": "payout"}.get(event["event"].split(".")[0])
+        if subject:
+            last[(subject, str(event["reference"]))] = event
+    return {key for key, event in last.items() if not event["delivered"]}
 
 
-REPORT_STEPS: list[Callable[[DemoContext], list[str]]] = [_deliveries, _ledger, _not_yet]
+def register_expectations(url: str, truth: dict[str, Any], initiated_at: datetime) -> int:
+    """What the merchant initiated: every collection and payout of the scenario."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        for kind, table in (("collection", "payments"), ("payout", "payouts")):
+            for reference, known in truth[table].items():
+                amount = known["amount"] if known["amount"] else Decimal(1000)
+                conn.execute("SELECT hookledger.expect(%s, %s, %s, %s)",
+                             (reference, kind, amount, initiated_at))
+    return len(truth["payments"]) + len(truth["payouts"])
+
+
+def reconcile_once(url: str, api_url: str) -> PassResult:
+    async def once() -> PassResult:
+        async with ReferenceClient(api_url, DEFAULT_API_KEY, timeout_s=5,
+                                   concurrency=16) as client:
+            return await Reconciler(url, client, PassConfig()).run_pass()
+    return asyncio.run(once())
+
+
+def _reconciliation(ctx: DemoContext) -> list[str]:
+    truth = jsonenc.loads(jsonenc.dumps(ctx.plan.truth))
+    started = min(datetime.fromisoformat(truth["start"]),
+                  datetime.now(UTC) - timedelta(minutes=10))
+    expected = register_expectations(ctx.database_url, truth, started)
+    result = reconcile_once(ctx.database_url, ctx.sandbox.url)
+    with psycopg.connect(ctx.database_url) as conn:
+        found = conn.execute(
+            "SELECT kind, subject, reference FROM hookledger.discrepancies "
+            "WHERE status = 'open'").fetchall()
+    missing = {(s, r) for k, s, r in found if k == "missing_webhook"}
+    lost = lost_last_states(truth)
+    by_kind: dict[str, int] = {}
+    for kind, _, _ in found:
+        by_kind[kind] = by_kind.get(kind, 0) + 1
+    lines = [f"reconciliation against the sandbox API ({expected} expectations registered):"]
+    lines += ["  " + line for line in result.summary()[:1]]
+    lines.append("  open discrepancies: " + (", ".join(
+        f"{k} {n}" for k, n in sorted(by_kind.items())) or "none"))
+    lines.append(f"  lost final states recovered: {len(missing & lost)} of {len(lost)}"
+                 f" (dropped deliveries in the truth: {len(truth['dropped'])}; a dropped "
+                 "event later superseded by a delivered one leaves nothing to recover)")
+    if missing - lost:
+        lines.append(f"  UNEXPECTED missing_webhook: {sorted(r for _, r in missing - lost)}")
+    if lost - missing:
+        lines.append(f"  NOT FOUND: {sorted(r for _, r in lost - missing)}")
+    return lines
+
+
+REPORT_STEPS: list[Callable[[DemoContext], list[str]]] = [_deliveries, _ledger,
+                                                          _reconciliation]
 
 
 def _run(home: Path, seed: int) -> list[str]:

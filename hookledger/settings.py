@@ -50,6 +50,32 @@ def parse_named_secrets(raw: str | dict[str, Any] | None) -> dict[str, SecretStr
     return secrets
 
 
+def parse_error_causes(raw: str | dict[str, Any] | None) -> dict[str, int]:
+    """Parse ``platformCode=95xxx[,...]`` (or a TOML table) into the chat failure table."""
+    if raw is None or raw == "":
+        return {}
+    if isinstance(raw, dict):
+        pairs = [(str(k).strip(), v) for k, v in raw.items()]
+    else:
+        pairs = []
+        for item in str(raw).split(","):
+            if item.strip():
+                code, sep, cause = item.partition("=")
+                if not sep or not code.strip():
+                    raise ValueError(f"entry {item.strip()[:40]!r} must look like code=95xxx")
+                pairs.append((code.strip(), cause.strip()))
+    causes: dict[str, int] = {}
+    for code, cause in pairs:
+        try:
+            value = int(cause)
+        except (TypeError, ValueError):
+            raise ValueError(f"cause of {code!r} must be a number like 95058") from None
+        if not 95050 <= value <= 95099:
+            raise ValueError(f"cause of {code!r} must be a chat failure code 95050-95099")
+        causes[code] = value
+    return causes
+
+
 class Settings(BaseSettings):
     """Every knob of hookledger; names match CONTRACT.md's environment variables."""
 
@@ -83,6 +109,25 @@ class Settings(BaseSettings):
     append_max_batch: int = Field(default=256, gt=0)
     append_max_wait_ms: float = Field(default=0.0, ge=0)
     projector_batch_size: int = Field(default=1000, gt=0)
+    # chat capability: API field names the spec does not give, error table, media worker
+    chat_rotate_secret_field: str = Field(default="secret", min_length=1)
+    chat_webhook_field: str = Field(default="webhookUrl", min_length=1)
+    chat_error_causes: Annotated[dict[str, int], NoDecode] = Field(default_factory=dict)
+    chat_api_timeout_s: float = Field(default=10.0, gt=0)
+    chat_media_poll_s: float = Field(default=2.0, gt=0)
+    chat_media_max_attempts: int = Field(default=5, gt=0)
+    chat_media_retry_base_s: float = Field(default=2.0, ge=0)
+    # reconciliation (reconcile/): pacing, retries, re-checks, the record mapping, reports
+    api_timeout_s: float = Field(default=10.0, gt=0)
+    api_max_attempts: int = Field(default=4, gt=0)
+    api_concurrency: int = Field(default=16, gt=0)
+    reconcile_rate_per_s: float = Field(default=0.0, ge=0)
+    reconcile_max_per_pass: int = Field(default=5000, gt=0)
+    reconcile_recheck_age_s: int = Field(default=86400, ge=0)
+    reconcile_recheck_per_pass: int = Field(default=500, ge=0)
+    reconcile_payout_window_s: int = Field(default=86400, gt=0)
+    reconcile_record_paths: dict[str, str] = Field(default_factory=dict)
+    report_interval_s: int = Field(default=3600, ge=0)
 
     @field_validator("general_secrets", mode="before")
     @classmethod
@@ -98,6 +143,11 @@ class Settings(BaseSettings):
     @classmethod
     def _chat(cls, value: Any) -> dict[str, SecretStr]:
         return parse_named_secrets(value)
+
+    @field_validator("chat_error_causes", mode="before")
+    @classmethod
+    def _chat_causes(cls, value: Any) -> dict[str, int]:
+        return parse_error_causes(value)
 
     @field_validator("provider_timezone")
     @classmethod

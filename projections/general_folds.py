@@ -41,9 +41,21 @@ def _event_key(event: StoredEvent, rank: int) -> SortKey:
     return sort_key(rank, event.occurred_at, event.position)
 
 
+# Events the reconciler appends when the provider's record shows a terminal state that no
+# webhook told us (a lost delivery). Their facts have the webhook's shape plus the name of
+# the provider event they stand for (``event``). They rank like that event but sort BEFORE
+# every webhook of the same rank (provider time 0): a webhook always confirms or overrides
+# a recovered state, and a recovered state never overrides a webhook of equal or higher rank.
+RECOVERED_EVENT = "reconcile.recovered"
+
 SLOT_OF_EVENT = {"payment.confirmed": "confirmed", "payment.refunded": "refunded",
                  "payment.failed": "failed", "payout.confirmed": "confirmed",
                  "payout.failed": "failed"}
+
+
+def _recovered_at(event: StoredEvent) -> datetime | None:
+    text = event.facts.get("occurred_at")
+    return datetime.fromisoformat(text) if isinstance(text, str) else None
 
 
 def _fold_money(row: Row | None, event: StoredEvent, *, kind: str, rank: int,
@@ -55,7 +67,8 @@ def _fold_money(row: Row | None, event: StoredEvent, *, kind: str, rank: int,
     success, or a confirmation whose amount differs from another confirmation's.
     """
     facts = _facts(event)
-    key = _event_key(event, rank)
+    recovered = event.event_type == RECOVERED_EVENT
+    key = sort_key(rank, None, event.position) if recovered else _event_key(event, rank)
     reference = facts["reference"]
     amount = decimal_or_none(facts.get("amount"))
     candidate: Row = {
@@ -65,14 +78,16 @@ def _fold_money(row: Row | None, event: StoredEvent, *, kind: str, rank: int,
         "code": facts.get("code"),
         "amount": amount,
         "last_event": facts["event"],
-        "updated_at": event.occurred_at,
+        "updated_at": _recovered_at(event) if recovered else event.occurred_at,
+        "recovered": recovered,
     }
     state: Row = dict(row) if row is not None else {
         **candidate, "winner": None, "provenance": {}, "evidence": {}, "conflicted": False,
         "event_count": 0, "last_position": 0}
+    state.setdefault("recovered", False)
     evidence: dict[str, list[Any]] = dict(state["evidence"])
     found: list[Discrepancy] = []
-    slot = SLOT_OF_EVENT.get(facts["event"])
+    slot = None if recovered else SLOT_OF_EVENT.get(facts["event"])
     if slot is not None:
         found = _conflicts(evidence, slot, event.dedupe_key, amount, kind, reference)
         held = evidence.get(slot)
@@ -121,8 +136,19 @@ def _conflict(kind: str, reference: str, detail: str, at_risk: Decimal | None,
 
 # -- payments (collections) ---------------------------------------------------------------
 
+def _recovered_subject(event: StoredEvent) -> str | None:
+    return str(event.facts.get("subject")) if event.event_type == RECOVERED_EVENT else None
+
+
+def _rank(ranks: dict[str, int], event: StoredEvent) -> int:
+    name = event.facts["event"] if event.event_type == RECOVERED_EVENT else event.event_type
+    return ranks[name]
+
+
 def payment_keys(event: StoredEvent) -> list[str]:
-    return [event.facts["reference"]] if event.event_type in PAYMENT_RANK else []
+    if event.event_type in PAYMENT_RANK or _recovered_subject(event) == "collection":
+        return [event.facts["reference"]]
+    return []
 
 
 def fold_payment(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrepancy]]:
@@ -136,21 +162,23 @@ def fold_payment(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrep
         "mno": customer.get("mno"),
         "invoice_no": invoice.get("invoice_no"),
     }
-    return _fold_money(row, event, kind="collection", rank=PAYMENT_RANK[event.event_type],
+    return _fold_money(row, event, kind="collection", rank=_rank(PAYMENT_RANK, event),
                        descriptive=descriptive)
 
 
 # -- payouts ------------------------------------------------------------------------------
 
 def payout_keys(event: StoredEvent) -> list[str]:
-    return [event.facts["reference"]] if event.event_type in PAYOUT_RANK else []
+    if event.event_type in PAYOUT_RANK or _recovered_subject(event) == "payout":
+        return [event.facts["reference"]]
+    return []
 
 
 def fold_payout(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrepancy]]:
     facts = _facts(event)
     descriptive = {"transaction_id": facts.get("transaction_id"),
                    "customer_reference": facts.get("customer_reference")}
-    new, found = _fold_money(row, event, kind="payout", rank=PAYOUT_RANK[event.event_type],
+    new, found = _fold_money(row, event, kind="payout", rank=_rank(PAYOUT_RANK, event),
                              descriptive=descriptive)
     # the provider refunds a failed payout's balance to the wallet by itself
     new["refunded_to_wallet"] = new["outcome"] == "failure"

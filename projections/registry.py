@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from ledger import StoredEvent
 from projections import chat_folds as c
+from projections import discrepancy_folds as d
 from projections import general_folds as g
 from projections.folding import Discrepancy
 
@@ -27,7 +28,7 @@ class Projection:
 
 
 MONEY_COLUMNS = ("reference", "status", "outcome", "code", "amount", "last_event",
-                 "updated_at", "transaction_id", "customer_reference")
+                 "updated_at", "transaction_id", "customer_reference", "recovered")
 BOOKKEEPING = ("winner", "provenance", "evidence", "conflicted", "event_count",
                "last_position")
 
@@ -59,4 +60,9 @@ PROJECTIONS: tuple[Projection, ...] = (
                 "last_inbound_at", "window_expires_at", "last_message_id", "provenance",
                 "event_count", "last_position"),
                frozenset({"provenance"})),
+    Projection("discrepancies", "id", d.discrepancy_keys, d.fold_discrepancy,
+               ("id", "kind", "subject", "service", "reference", "detail", "amount_at_risk",
+                "status", "detected_at", "resolved_at", "resolution", "detected_by", "facts",
+                "event_count", "last_position"),
+               frozenset({"facts"})),
 )

@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Boolean, Column, Date, DateTime, Integer, Numeric, Table, Text
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    Date,
+    DateTime,
+    Index,
+    Integer,
+    Numeric,
+    Table,
+    Text,
+)
 from sqlalchemy.dialects.postgresql import JSONB
 
 from ledger.schema import metadata
@@ -122,3 +133,27 @@ chat_threads = Table(
     Column("event_count", Integer, nullable=False),
     Column("last_position", BigInteger, nullable=False),
 )
+
+payments.append_column(Column("recovered", Boolean, nullable=False, server_default="false"))
+payouts.append_column(Column("recovered", Boolean, nullable=False, server_default="false"))
+
+discrepancies = Table(
+    "discrepancies", metadata,
+    Column("id", Text, primary_key=True),
+    Column("kind", Text, nullable=False),
+    Column("subject", Text, nullable=False),
+    Column("service", Text, nullable=False),
+    Column("reference", Text, nullable=False),
+    Column("detail", Text, nullable=False),
+    Column("amount_at_risk", Numeric),
+    Column("status", Text, nullable=False),
+    Column("detected_at", _ts()),
+    Column("resolved_at", _ts()),
+    Column("resolution", Text),
+    Column("detected_by", Text),
+    Column("facts", JSONB, nullable=False),
+    Column("event_count", Integer, nullable=False),
+    Column("last_position", BigInteger, nullable=False),
+)
+Index(None, discrepancies.c.status, discrepancies.c.kind)
+Index(None, discrepancies.c.subject, discrepancies.c.reference)

@@ -1,0 +1,135 @@
+"""Benchmark: reconcile 10,000 expectations against the sandbox API answering with 50 ms
+latency (goal < 60 s with bounded concurrency), and render reports for 100,000
+discrepancies (goal < 10 s). Prints the figures and writes JSON to bench/results/.
+
+Run: ``.venv/bin/python bench/reconcile_bench.py [--expectations N] [--discrepancies N]``
+(uses HOOKLEDGER_TEST_DATABASE_URL, or starts an embedded PostgreSQL in a temp folder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+
+import psycopg
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from hookledger import migrate  # noqa: E402
+from hookledger.embedded_postgres import EmbeddedPostgres  # noqa: E402
+from reconcile.client import ReferenceClient  # noqa: E402
+from reconcile.report import FORMATS, Row, build_report, render  # noqa: E402
+from reconcile.runner import PassConfig, Reconciler  # noqa: E402
+from sandbox.faults import FaultSettings  # noqa: E402
+from sandbox.runner import running_sandbox  # noqa: E402
+from sandbox.state import DEFAULT_API_KEY, SandboxState  # noqa: E402
+from tests.dbutil import create_database, drop_database, unique_name, with_database  # noqa: E402
+
+
+def seed(url: str, state: SandboxState, count: int) -> None:
+    initiated = datetime.now(UTC) - timedelta(minutes=10)
+    with psycopg.connect(url, autocommit=True) as conn:
+        with conn.cursor() as cur:
+            cur.executemany("SELECT hookledger.expect(%s, 'collection', %s, %s)",
+                            [(f"B-{i:06d}", Decimal(1000 + i), initiated)
+                             for i in range(count)])
+    for i in range(count):
+        state.put_record(f"B-{i:06d}", {
+            "reference": f"B-{i:06d}", "status": "SUCCESSFUL", "amount": 1000 + i,
+            "event": "payment.confirmed", "code": 91000, "service": "Collection",
+            "type": "CHARGE", "timestamp": "20261122080000"})
+
+
+async def reconcile_all(url: str, api: str, concurrency: int) -> tuple[float, int, int]:
+    started = time.perf_counter()
+    async with ReferenceClient(api, DEFAULT_API_KEY, timeout_s=10,
+                               concurrency=concurrency) as client:
+        config = PassConfig(max_subjects=100_000, chunk_size=2000)
+        result = await Reconciler(url, client, config).run_pass()
+    return time.perf_counter() - started, result.checked, len(result.recovered)
+
+
+def report_rows(count: int) -> list[Row]:
+    now = datetime.now(UTC)
+    kinds = ["missing_webhook", "status_mismatch", "amount_mismatch", "unresolved",
+             "unknown_at_provider", "conflicting_events", "unsettled_paid_invoice"]
+    return [Row(f"{i:024x}", kinds[i % 7], ["Collection", "Disbursement"][i % 2],
+                ["collection", "payout"][i % 2], f"REF-{i}", f"detail {i}",
+                Decimal(i % 5000) + Decimal("0.50"), "open" if i % 3 else "resolved",
+                now - timedelta(minutes=i), None if i % 3 else now, 91052 if i % 7 else None)
+            for i in range(count)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--expectations", type=int, default=10_000)
+    parser.add_argument("--discrepancies", type=int, default=100_000)
+    parser.add_argument("--latency-ms", type=int, default=50)
+    parser.add_argument("--concurrency", type=int, default=16)
+    args = parser.parse_args()
+    figures: dict[str, object] = {"machine": platform.platform(), "python": sys.version.split()[0],
+                                  "expectations": args.expectations,
+                                  "latency_ms": args.latency_ms,
+                                  "concurrency": args.concurrency,
+                                  "discrepancies": args.discrepancies}
+
+    with tempfile.TemporaryDirectory() as home:
+        configured = os.environ.get("HOOKLEDGER_TEST_DATABASE_URL")
+        server = None if configured else EmbeddedPostgres(
+            Path(home), server_settings={"fsync": "off", "synchronous_commit": "off"})
+        admin = configured or with_database(server.start(), "postgres")  # type: ignore[union-attr]
+        name = unique_name("hookledger_bench")
+        url = create_database(admin, name)
+        try:
+            migrate.upgrade(url)
+            state = SandboxState()
+            seed(url, state, args.expectations)
+            with running_sandbox(state=state,
+                                 faults=FaultSettings(latency_ms=args.latency_ms)) as api:
+                seconds, checked, recovered = asyncio.run(
+                    reconcile_all(url, api.url, args.concurrency))
+            figures.update(reconcile_seconds=round(seconds, 2), checked=checked,
+                           recovered=recovered,
+                           reconcile_per_s=round(checked / seconds, 1))
+            print(f"reconcile: {checked} expectations checked ({recovered} recovered) in "
+                  f"{seconds:.1f} s = {checked / seconds:.0f}/s "
+                  f"(latency {args.latency_ms} ms, concurrency {args.concurrency}; goal < 60 s)")
+        finally:
+            drop_database(admin, name)
+            if server is not None:
+                server.stop()
+
+    rows = report_rows(args.discrepancies)
+    started = time.perf_counter()
+    report = build_report(rows, now=datetime.now(UTC))
+    built = time.perf_counter() - started
+    timings = {"build": round(built, 2)}
+    for fmt in FORMATS:
+        t0 = time.perf_counter()
+        text = render(report, fmt)
+        timings[fmt] = round(time.perf_counter() - t0, 2)
+        timings[f"{fmt}_bytes"] = len(text)
+    total = built + sum(v for k, v in timings.items() if k in FORMATS)
+    figures.update(report_seconds=timings, report_total_seconds=round(total, 2))
+    print(f"report: {args.discrepancies} discrepancies, build {built:.2f} s, "
+          + ", ".join(f"{f} {timings[f]:.2f} s" for f in FORMATS)
+          + f"; all formats {total:.2f} s (goal < 10 s)")
+    out = ROOT / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"reconcile-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}.json"
+    path.write_text(json.dumps(figures, indent=2), encoding="utf-8")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

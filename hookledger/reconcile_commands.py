@@ -1,0 +1,116 @@
+"""``hookledger reconcile``, ``hookledger report`` and ``hookledger expect``.
+
+Part of the composition root (mounted by hookledger/cli.py): settings and the database
+come from there, so these commands behave like the others (embedded PostgreSQL when no
+database is configured; migrations applied first).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import click
+import psycopg
+
+from hookledger import migrate
+from hookledger.database import database
+from hookledger.settings import Settings
+from reconcile.errors import ReconcileError
+from reconcile.report import FORMATS, render, report_for
+
+
+def _root() -> Settings:
+    from hookledger.cli import _configure_logging, load_settings
+
+    settings = load_settings()
+    _configure_logging(settings)
+    return settings
+
+
+@click.command(name="reconcile")
+def reconcile_command() -> None:
+    """Run one reconciliation pass now and print what it found."""
+    from reconcile.runner import Reconciler
+    from reconcile.wiring import client_from, config_from
+
+    settings = _root()
+    if not settings.api_base_url:
+        click.echo("hookledger: HOOKLEDGER_API_BASE_URL is not set; nothing to reconcile",
+                   err=True)
+        sys.exit(2)
+    with database(settings) as url:
+        migrate.upgrade(url)
+
+        async def once() -> list[str]:
+            async with client_from(settings) as client:
+                result = await Reconciler(url, client, config_from(settings)).run_pass()
+            return result.summary()
+
+        for line in asyncio.run(once()):
+            click.echo(line)
+
+
+def _since(value: str | None) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise click.BadParameter("an ISO 8601 date or date-time") from exc
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+@click.command(name="report")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="html", show_default=True)
+@click.option("--since", default=None, help="Only discrepancies detected since (ISO 8601).")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write here (default: standard output).")
+def report_command(fmt: str, since: str | None, out: Path | None) -> None:
+    """Write a discrepancy report (html, md, csv or json)."""
+    settings = _root()
+    start = _since(since)
+    with database(settings) as url:
+        migrate.upgrade(url)
+        text = render(asyncio.run(report_for(url, since=start)), fmt)
+    if out is None:
+        click.echo(text, nl=False)
+    else:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text, encoding="utf-8")
+        click.echo(f"wrote {out}", err=True)
+
+
+@click.command(name="expect")
+@click.argument("reference")
+@click.option("--kind", type=click.Choice(["collection", "payout"]), required=True)
+@click.option("--amount", required=True, help="Amount in TZS (exact decimal).")
+@click.option("--initiated-at", default=None, help="ISO 8601 with offset (default: now).")
+def expect_command(reference: str, kind: str, amount: str, initiated_at: str | None) -> None:
+    """Register an initiated payment, so that a webhook that never comes is noticed."""
+    from reconcile.expectations import parse_expectation, register
+
+    settings = _root()
+    try:
+        data: dict[str, object] = {"reference": reference, "kind": kind, "amount": amount}
+        if initiated_at:
+            data["initiated_at"] = initiated_at
+        expectation = parse_expectation(data, now=datetime.now(UTC))
+    except ReconcileError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    with database(settings) as url:
+        migrate.upgrade(url)
+
+        async def go() -> bool:
+            async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+                return await register(conn, expectation)
+
+        try:
+            created = asyncio.run(go())
+        except ReconcileError as exc:
+            click.echo(f"hookledger: {exc}", err=True)
+            sys.exit(1)
+    click.echo(f"{'registered' if created else 'already registered'}: {kind} {reference} "
+               f"{expectation.amount} TZS")

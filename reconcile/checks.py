@@ -1,0 +1,191 @@
+"""Pure decisions: compare what hookledger knows with what the provider says.
+
+:func:`decide` takes one subject's local view and the provider's answer and returns a
+:class:`Verdict`: what to recover, which discrepancies to open, which to resolve.
+:func:`settle` says whether an open discrepancy is resolved by the projection as it now
+stands (a late webhook that agrees), with no API call. No clock, no I/O.
+
+Rules, in words:
+
+* provider terminal, we know nothing or only a non-terminal state, or a legitimate later
+  state (a refund after a confirmation) -> **recover** the provider's state, open
+  ``missing_webhook`` (a webhook was lost);
+* provider terminal with another outcome that is not a successor of ours ->
+  ``status_mismatch`` (never recovered: a webhook-confirmed state is not overridden);
+* same outcome, other amount -> ``amount_mismatch`` (also: paid amount != expected amount);
+* provider not terminal after the resolution window -> ``unresolved``;
+* provider does not know the reference (after the window) -> ``unknown_at_provider``;
+* an error answer decides nothing (it is recorded, and the subject asked again later).
+
+``missing_webhook`` is resolved only by the late webhook itself (see :func:`settle`): a
+re-check agrees with a recovered state by construction, so it proves nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from reconcile.client import Lookup
+from reconcile.records import TERMINAL, ProviderRecord
+
+CHECK_KINDS = ("missing_webhook", "status_mismatch", "amount_mismatch", "unresolved",
+               "unknown_at_provider")
+SUCCESSORS: dict[str, dict[str, frozenset[str]]] = {
+    "collection": {"success": frozenset({"refunded"})},
+    "payout": {},
+}
+
+
+@dataclass(frozen=True, slots=True)
+class OpenDiscrepancy:
+    id: str
+    kind: str
+    facts: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Local:
+    """What hookledger knows about one collection or payout."""
+
+    subject: str  # "collection" | "payout"
+    reference: str
+    outcome: str | None = None  # None: no webhook (nor recovery) yet
+    status: str | None = None
+    amount: Decimal | None = None
+    recovered: bool = False
+    since: datetime | None = None  # initiated (expectation) or last change
+    expected_amount: Decimal | None = None
+    open: tuple[OpenDiscrepancy, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Detection:
+    kind: str
+    detail: str
+    amount_at_risk: Decimal | None
+    facts: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    result: str  # agrees | recovered | mismatch | unresolved | pending | unknown | error
+    recover: ProviderRecord | None = None
+    detect: tuple[Detection, ...] = ()
+    resolve: tuple[tuple[str, str], ...] = ()  # (discrepancy id, reason)
+    settled: bool = False  # nothing left to ask the provider about, until the row changes
+
+
+def _risk(*amounts: Decimal | None) -> Decimal | None:
+    known = [a for a in amounts if a is not None]
+    return max(known) if known else None
+
+
+def _provider_facts(record: ProviderRecord) -> dict[str, Any]:
+    return {"provider_outcome": record.outcome, "provider_status": record.status,
+            "provider_amount": None if record.amount is None else format(record.amount, "f"),
+            "provider_code": record.code}
+
+
+def decide(local: Local, lookup: Lookup, *, now: datetime, window: timedelta) -> Verdict:
+    """The verdict for one subject; ``open`` discrepancies of a kind are never re-opened."""
+    open_kinds = {d.kind for d in local.open}
+    overdue = local.since is None or now - local.since >= window
+    if lookup.kind == "error":
+        return Verdict("error")
+    found: list[Detection] = []
+    resolve: list[tuple[str, str]] = []
+    if lookup.kind == "not_found" or lookup.record is None:
+        if overdue:
+            found.append(Detection(
+                "unknown_at_provider",
+                f"the provider has no record of {local.subject} {local.reference}",
+                _risk(local.amount, local.expected_amount)))
+        return _verdict("unknown", None, found, resolve, open_kinds, settled=False)
+
+    record = lookup.record
+    resolve += [(d.id, "the provider now knows the reference") for d in local.open
+                if d.kind == "unknown_at_provider"]
+    facts = _provider_facts(record)
+    if not record.terminal:
+        if overdue:
+            found.append(Detection(
+                "unresolved",
+                f"{local.subject} {local.reference} is still {record.status or 'pending'} at "
+                f"the provider after the resolution window",
+                _risk(local.expected_amount, local.amount, record.amount), facts))
+        return _verdict("unresolved" if overdue else "pending", None, found, resolve,
+                        open_kinds, settled=False)
+
+    resolve += [(d.id, "the provider reports a final state") for d in local.open
+                if d.kind == "unresolved"]
+    recover: ProviderRecord | None = None
+    ours = local.outcome
+    later = SUCCESSORS.get(local.subject, {}).get(ours or "", frozenset())
+    if ours is None or ours not in TERMINAL or record.outcome in later:
+        recover = record
+        known = "no webhook" if ours is None else f"only {ours} by webhook"
+        found.append(Detection(
+            "missing_webhook",
+            f"the provider reports {record.status} ({record.outcome}) for {local.subject} "
+            f"{local.reference}; {known}; recovered through the API", record.amount, facts))
+    elif ours != record.outcome:
+        found.append(Detection(
+            "status_mismatch",
+            f"webhooks say {local.status} ({ours}), the provider says {record.status} "
+            f"({record.outcome})", _risk(local.amount, record.amount), facts))
+    elif (local.amount is not None and record.amount is not None
+          and local.amount != record.amount):
+        found.append(Detection(
+            "amount_mismatch",
+            f"webhooks say {local.amount} TZS, the provider says {record.amount} TZS",
+            abs(local.amount - record.amount), {**facts, "basis": "webhook"}))
+    if (record.outcome == "success" and local.expected_amount is not None
+            and record.amount is not None and record.amount != local.expected_amount
+            and not any(d.kind == "amount_mismatch" for d in found)):
+        found.append(Detection(
+            "amount_mismatch",
+            f"{record.amount} TZS paid of {local.expected_amount} TZS expected",
+            abs(local.expected_amount - record.amount),
+            {**facts, "basis": "expectation",
+             "expected_amount": format(local.expected_amount, "f")}))
+    mismatch = any(d.kind in ("status_mismatch", "amount_mismatch") for d in found)
+    if not mismatch:
+        resolve += [(d.id, "a check agrees with the provider") for d in local.open
+                    if d.kind in ("status_mismatch", "amount_mismatch", "conflicting_events")]
+    result = "recovered" if recover else "mismatch" if mismatch else "agrees"
+    return _verdict(result, recover, found, resolve, open_kinds, settled=not mismatch)
+
+
+def _verdict(result: str, recover: ProviderRecord | None, found: Sequence[Detection],
+             resolve: Sequence[tuple[str, str]], open_kinds: set[str], *,
+             settled: bool) -> Verdict:
+    fresh = tuple(d for d in found if d.kind not in open_kinds)
+    return Verdict(result, recover, fresh, tuple(dict(resolve).items()), settled)
+
+
+def settle(kind: str, facts: Mapping[str, Any], row: Mapping[str, Any] | None) -> str | None:
+    """Why an open discrepancy is resolved by the current projection row, or None."""
+    if row is None:
+        return None
+    if kind == "unsettled_paid_invoice":
+        return "the invoice is now settled" if row.get("settled") else None
+    outcome = row.get("outcome")
+    if kind == "unresolved":
+        return "a final state arrived" if outcome in TERMINAL else None
+    provider_outcome = facts.get("provider_outcome")
+    if row.get("recovered") or provider_outcome is None or outcome != provider_outcome:
+        return None
+    if kind == "missing_webhook":
+        return "the late webhook arrived and agrees"
+    if kind in ("status_mismatch", "amount_mismatch"):
+        wanted = facts.get("expected_amount") if facts.get("basis") == "expectation" \
+            else facts.get("provider_amount")
+        amount = row.get("amount")
+        if wanted is None or amount is None or Decimal(str(wanted)) != Decimal(str(amount)):
+            return None
+        return "a later webhook agrees with the provider"
+    return None

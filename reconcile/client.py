@@ -1,0 +1,196 @@
+"""The reference API client: ``GET {base}/api/v1/payment/reference/{reference}``.
+
+Every lookup ends in a :class:`Lookup` (found, not found, or an error with its reason); it
+never raises for what the network or the provider does, so one bad answer cannot stop a
+pass. Explicit timeouts; retries with exponential backoff and full jitter on timeouts,
+connection errors, 5xx, 429 (honouring ``Retry-After``, capped) and malformed envelopes;
+at most ``concurrency`` requests in flight. The API key goes in the ``apiToken`` header
+and nowhere else: errors name the reference and the HTTP status, never headers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from dataclasses import dataclass
+from decimal import Decimal
+from email.utils import parsedate_to_datetime
+from typing import Any, Literal
+from urllib.parse import quote
+
+import httpx
+
+from reconcile.errors import ApiRefused, ApiUnavailable, MalformedEnvelope, MappingError
+from reconcile.records import ProviderRecord, RecordMapping
+
+LookupKind = Literal["found", "not_found", "error"]
+REFERENCE_PATH = "/api/v1/payment/reference/{reference}"
+MAX_RETRY_AFTER_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    """The answer about one reference, after retries."""
+
+    reference: str
+    kind: LookupKind
+    record: ProviderRecord | None = None
+    error: str | None = None  # a reason code: unavailable, malformed_envelope, refused, ...
+    detail: str | None = None
+    api_code: int | None = None
+    attempts: int = 1
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    success: bool
+    code: int
+    message: str
+    data: dict[str, Any]
+
+
+def parse_envelope(body: bytes) -> Envelope:
+    """Strictly: a JSON object with success (bool), code (int), message (str), data (object)."""
+    try:
+        value = json.loads(body, parse_float=Decimal)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise MalformedEnvelope("the answer is not JSON") from exc
+    if not isinstance(value, dict):
+        raise MalformedEnvelope("the answer is not a JSON object")
+    success, code, message = value.get("success"), value.get("code"), value.get("message")
+    data = value.get("data")
+    if not isinstance(success, bool):
+        raise MalformedEnvelope("envelope field success is missing or not a boolean")
+    if isinstance(code, bool) or not isinstance(code, int):
+        raise MalformedEnvelope("envelope field code is missing or not an integer")
+    if not isinstance(message, str):
+        raise MalformedEnvelope("envelope field message is missing or not a string")
+    if data is None and not success:
+        data = {}
+    if not isinstance(data, dict):
+        raise MalformedEnvelope("envelope field data is missing or not an object")
+    return Envelope(success, code, message, data)
+
+
+def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
+    """``Retry-After`` as seconds (delta or HTTP date), capped; None when absent or bad."""
+    if not value:
+        return None
+    text = value.strip()
+    if text.isdigit():
+        return min(float(text), MAX_RETRY_AFTER_S)
+    try:
+        when = parsedate_to_datetime(text)
+    except (TypeError, ValueError):
+        return None
+    delta = when.timestamp() - (time.time() if now is None else now)
+    return min(max(delta, 0.0), MAX_RETRY_AFTER_S)
+
+
+def backoff_delay(attempt: int, *, base_s: float, cap_s: float, rng: random.Random) -> float:
+    """Full jitter: uniform in [0, min(cap, base * 2**(attempt-1))]."""
+    return rng.uniform(0.0, min(cap_s, base_s * (2 ** (attempt - 1))))
+
+
+class _Retryable(Exception):
+    def __init__(self, reason: str, detail: str, wait_s: float | None = None,
+                 api_code: int | None = None) -> None:
+        super().__init__(detail)
+        self.reason, self.detail, self.wait_s, self.api_code = reason, detail, wait_s, api_code
+
+
+class ReferenceClient:
+    """Async client for the reference API; use as ``async with ReferenceClient(...)``."""
+
+    def __init__(self, base_url: str, api_key: str | None, *, timeout_s: float = 10.0,
+                 connect_timeout_s: float = 5.0, max_attempts: int = 4,
+                 backoff_base_s: float = 0.5, backoff_cap_s: float = 8.0,
+                 concurrency: int = 16, mapping: RecordMapping | None = None,
+                 transport: httpx.AsyncBaseTransport | None = None,
+                 seed: int | None = None) -> None:
+        headers = {"Accept": "application/json", "User-Agent": "hookledger-reconciler"}
+        if api_key:
+            headers["apiToken"] = api_key
+        self._http = httpx.AsyncClient(
+            base_url=base_url.rstrip("/"), headers=headers, transport=transport,
+            timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
+            limits=httpx.Limits(max_connections=concurrency,
+                                max_keepalive_connections=concurrency))
+        self._semaphore = asyncio.Semaphore(concurrency)
+        self._max_attempts = max(1, max_attempts)
+        self._base_s, self._cap_s = backoff_base_s, backoff_cap_s
+        self._mapping = mapping or RecordMapping.create()
+        self._rng = random.Random(seed)
+        self.requests = 0
+
+    async def __aenter__(self) -> ReferenceClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def lookup(self, reference: str) -> Lookup:
+        started = time.perf_counter()
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                async with self._semaphore:
+                    return self._finish(await self._once(reference), attempt, started)
+            except _Retryable as retry:
+                if attempt >= self._max_attempts:
+                    error = ApiUnavailable if retry.reason != "malformed_envelope" \
+                        else MalformedEnvelope
+                    return Lookup(reference, "error", error=retry.reason,
+                                  detail=f"{error.__name__}: {retry.detail}",
+                                  api_code=retry.api_code, attempts=attempt,
+                                  seconds=time.perf_counter() - started)
+                delay = backoff_delay(attempt, base_s=self._base_s, cap_s=self._cap_s,
+                                      rng=self._rng)
+                if retry.wait_s is not None:
+                    delay = max(delay, retry.wait_s)
+                await asyncio.sleep(delay)
+            except (ApiRefused, MappingError) as exc:
+                reason = "refused" if isinstance(exc, ApiRefused) else "mapping"
+                return Lookup(reference, "error", error=reason,
+                              detail=f"{type(exc).__name__}: {exc}", attempts=attempt,
+                              seconds=time.perf_counter() - started)
+
+    def _finish(self, lookup: Lookup, attempt: int, started: float) -> Lookup:
+        return Lookup(lookup.reference, lookup.kind, lookup.record, lookup.error,
+                      lookup.detail, lookup.api_code, attempt, time.perf_counter() - started)
+
+    async def _once(self, reference: str) -> Lookup:
+        path = REFERENCE_PATH.format(reference=quote(reference, safe=""))
+        self.requests += 1
+        try:
+            answer = await self._http.get(path)
+        except httpx.TimeoutException as exc:
+            raise _Retryable("timeout", f"no answer in time ({type(exc).__name__})") from exc
+        except httpx.TransportError as exc:
+            raise _Retryable("unreachable", f"transport error ({type(exc).__name__})") from exc
+        status = answer.status_code
+        if status == 429:
+            raise _Retryable("rate_limited", "HTTP 429",
+                             retry_after_seconds(answer.headers.get("retry-after")))
+        if status >= 500:
+            raise _Retryable("server_error", f"HTTP {status}")
+        try:
+            envelope = parse_envelope(answer.content)
+        except MalformedEnvelope as exc:
+            if status == 404:
+                return Lookup(reference, "not_found", detail="HTTP 404 without an envelope")
+            raise _Retryable("malformed_envelope", str(exc)) from exc
+        if status == 404 or (not envelope.success and envelope.code == 1404):
+            return Lookup(reference, "not_found", detail=envelope.message,
+                          api_code=envelope.code)
+        if status >= 400 or not envelope.success:
+            raise ApiRefused(f"HTTP {status}, API code {envelope.code}")
+        return Lookup(reference, "found", record=self._mapping.read(envelope.data, reference),
+                      api_code=envelope.code)

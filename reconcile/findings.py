@@ -1,0 +1,100 @@
+"""Findings as ledger events (source ``reconciler``). Pure: builds :class:`NewEvent` values.
+
+* ``reconcile.checked``: the provider's answer to one check (the mapped record, or the
+  error), on the subject's stream, so history shows every question asked;
+* ``reconcile.recovered``: a terminal state only the API told us (a lost webhook), in the
+  webhook facts' shape, folded by the payment and payout projections (``recovered`` true);
+* ``discrepancy.detected`` / ``discrepancy.resolved``: folded by ``discrepancies``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from ledger import NewEvent
+from ledger.jsonenc import dumps
+from projections.discrepancy_folds import DETECTED, RESOLVED
+from projections.general_folds import RECOVERED_EVENT
+from reconcile.checks import Detection
+from reconcile.client import Lookup
+from reconcile.records import ProviderRecord
+
+SOURCE = "reconciler"
+CHECKED = "reconcile.checked"
+EVENT_FOR = {
+    ("collection", "success"): "payment.confirmed", ("collection", "failure"): "payment.failed",
+    ("collection", "refunded"): "payment.refunded", ("payout", "success"): "payout.confirmed",
+    ("payout", "failure"): "payout.failed",
+}
+
+
+def _event(stream: str, event_type: str, key: str, payload: dict[str, Any], now: datetime,
+           occurred_at: datetime | None = None) -> NewEvent:
+    text = dumps(payload)
+    return NewEvent(stream=stream, event_type=event_type, source=SOURCE, dedupe_key=key,
+                    payload_json=text, received_at=now, facts=payload,
+                    occurred_at=occurred_at)
+
+
+def provider_time(raw: str | None, zone: ZoneInfo) -> datetime | None:
+    """The record's ``yyyymmddHHMMss`` in the provider's zone, or None."""
+    if not raw or len(raw) != 14 or not raw.isdigit():
+        return None
+    try:
+        return datetime.strptime(raw, "%Y%m%d%H%M%S").replace(tzinfo=zone)
+    except ValueError:
+        return None
+
+
+def checked_event(subject: str, lookup: Lookup, result: str, pass_id: str,
+                  now: datetime) -> NewEvent:
+    payload = {
+        "subject": subject, "reference": lookup.reference, "pass_id": pass_id,
+        "result": result, "answer": lookup.kind, "error": lookup.error,
+        "detail": lookup.detail, "api_code": lookup.api_code, "attempts": lookup.attempts,
+        "record": lookup.record.as_json() if lookup.record else None,
+    }
+    return _event(f"{subject}:{lookup.reference}", CHECKED,
+                  f"reconcile:checked:{subject}:{lookup.reference}:{pass_id}", payload, now)
+
+
+def recovered_event(subject: str, record: ProviderRecord, pass_id: str, now: datetime,
+                    zone: ZoneInfo) -> NewEvent:
+    event = record.event if (record.event or "").split(".")[0] == (
+        "payment" if subject == "collection" else "payout") else None
+    event = event or EVENT_FOR[(subject, record.outcome)]
+    occurred = provider_time(record.timestamp, zone)
+    payload = {
+        "subject": subject, "reference": record.reference, "event": event,
+        "status": record.status, "outcome": record.outcome, "code": record.code,
+        "amount": record.amount, "transaction_id": record.transaction_id,
+        "customer_reference": record.customer_reference,
+        "occurred_at": occurred.isoformat() if occurred else None, "recovered": True,
+        "pass_id": pass_id,
+    }
+    key = (f"reconcile:recovered:{subject}:{record.reference}:{record.outcome}:"
+           f"{record.status}:{record.amount}")
+    return _event(f"{subject}:{record.reference}", RECOVERED_EVENT, key, payload, now)
+
+
+def detected_event(subject: str, reference: str, found: Detection, pass_id: str,
+                   evidence: str, now: datetime) -> NewEvent:
+    payload = {
+        **found.facts, "kind": found.kind, "subject": subject, "reference": reference,
+        "detail": found.detail, "amount_at_risk": found.amount_at_risk,
+        "evidence": [evidence], "detected_by": SOURCE, "cause_position": None,
+        "pass_id": pass_id,
+    }
+    return _event(f"discrepancy:{subject}:{reference}", DETECTED,
+                  f"discrepancy:{found.kind}:{subject}:{reference}:reconciler:{pass_id}",
+                  payload, now)
+
+
+def resolved_event(discrepancy_id: str, subject: str, reference: str, reason: str,
+                   pass_id: str, now: datetime) -> NewEvent:
+    payload = {"id": discrepancy_id, "subject": subject, "reference": reference,
+               "reason": reason, "resolved_by": SOURCE, "pass_id": pass_id}
+    return _event(f"discrepancy:{subject}:{reference}", RESOLVED,
+                  f"discrepancy:resolved:{discrepancy_id}", payload, now)

@@ -1,0 +1,136 @@
+"""The provider's payment record, and the configurable mapping from an API ``data`` object.
+
+The spec does not give the shape of ``data`` (DOMAIN-NOTES 21); by default it is assumed to
+use the general webhook body's field names, and each field can be pointed elsewhere with a
+dotted path (``{"status": "payment.state"}``). Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Any, Literal
+
+from reconcile.errors import MappingError
+
+Outcome = Literal["success", "failure", "refunded", "pending"]
+TERMINAL: frozenset[str] = frozenset({"success", "failure", "refunded"})
+
+DEFAULT_PATHS: dict[str, str] = {
+    "reference": "reference", "status": "status", "amount": "amount", "event": "event",
+    "code": "code", "transaction_id": "transactionId",
+    "customer_reference": "customerReference", "service": "service", "type": "type",
+    "timestamp": "timestamp",
+}
+
+SUCCESS_STATUSES = frozenset({"SUCCESSFUL", "SUCCESS", "PAID", "PARTIAL", "COMPLETED"})
+FAILURE_STATUSES = frozenset({"FAILED", "REJECTED", "CANCELLED", "USER_REJECTED", "EXPIRED"})
+REFUND_STATUSES = frozenset({"REFUNDED", "REVERSED"})
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderRecord:
+    """What the provider says about one reference."""
+
+    reference: str
+    status: str | None
+    amount: Decimal | None
+    event: str | None
+    code: int | None
+    transaction_id: str | None
+    customer_reference: str | None
+    service: str | None
+    timestamp: str | None
+
+    @property
+    def outcome(self) -> Outcome:
+        return record_outcome(self.event, self.code, self.status)
+
+    @property
+    def terminal(self) -> bool:
+        return self.outcome in TERMINAL
+
+    def as_json(self) -> dict[str, Any]:
+        return {"reference": self.reference, "status": self.status, "amount": self.amount,
+                "event": self.event, "code": self.code, "transaction_id": self.transaction_id,
+                "customer_reference": self.customer_reference, "service": self.service,
+                "timestamp": self.timestamp, "outcome": self.outcome}
+
+
+def record_outcome(event: str | None, code: int | None, status: str | None) -> Outcome:
+    """The code's band first (``code % 100 >= 50`` is a failure), then event, then status."""
+    if code is not None and code % 100 >= 50:
+        return "failure"
+    if event == "payment.refunded":
+        return "refunded"
+    if event in ("payment.confirmed", "payout.confirmed"):
+        return "success"
+    if event in ("payment.failed", "payout.failed"):
+        return "failure"
+    if event == "payout.approved":
+        return "pending"
+    word = (status or "").strip().upper()
+    if word in REFUND_STATUSES:
+        return "refunded"
+    if word in SUCCESS_STATUSES:
+        return "success"
+    if word in FAILURE_STATUSES:
+        return "failure"
+    return "pending"
+
+
+def dig(data: Mapping[str, Any], path: str) -> Any:
+    """The value at a dotted path, or None when any step is missing."""
+    value: Any = data
+    for step in path.split("."):
+        if not isinstance(value, Mapping) or step not in value:
+            return None
+        value = value[step]
+    return value
+
+
+@dataclass(frozen=True)
+class RecordMapping:
+    """Dotted paths into ``data`` for each field of :class:`ProviderRecord`."""
+
+    paths: Mapping[str, str]
+
+    @classmethod
+    def create(cls, overrides: Mapping[str, str] | None = None) -> RecordMapping:
+        unknown = sorted(set(overrides or {}) - set(DEFAULT_PATHS))
+        if unknown:
+            raise MappingError(f"unknown record field(s) in the mapping: {', '.join(unknown)}")
+        return cls({**DEFAULT_PATHS, **(overrides or {})})
+
+    def read(self, data: Mapping[str, Any], reference: str) -> ProviderRecord:
+        """Map ``data``; a wrong type is a :class:`MappingError`, a missing field None."""
+        def text(name: str) -> str | None:
+            value = dig(data, self.paths[name])
+            if value is None:
+                return None
+            if isinstance(value, bool) or not isinstance(value, str | int | Decimal):
+                raise MappingError(f"{name} has the wrong type")
+            return str(value)
+
+        amount_raw = dig(data, self.paths["amount"])
+        amount: Decimal | None = None
+        if amount_raw is not None:
+            if isinstance(amount_raw, bool) or not isinstance(amount_raw, int | Decimal | str):
+                raise MappingError("amount is not a number")
+            try:
+                amount = Decimal(str(amount_raw))
+            except InvalidOperation as exc:
+                raise MappingError("amount is not a number") from exc
+            if not amount.is_finite():
+                raise MappingError("amount is not a number")
+        code_raw = dig(data, self.paths["code"])
+        if code_raw is not None and (isinstance(code_raw, bool)
+                                     or not isinstance(code_raw, int)):
+            raise MappingError("code is not an integer")
+        transaction_id = text("transaction_id")
+        return ProviderRecord(
+            reference=text("reference") or reference, status=text("status"), amount=amount,
+            event=text("event"), code=code_raw, customer_reference=text("customer_reference"),
+            transaction_id=None if transaction_id in (None, "", "-1") else transaction_id,
+            service=text("service"), timestamp=text("timestamp"))

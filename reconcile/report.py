@@ -1,0 +1,328 @@
+"""Discrepancy reports: HTML (one self-contained file), Markdown, CSV and JSON.
+
+:func:`build_report` is pure (rows in, a JSON-ready dict out); the renderers only format
+that dict, so every format tells the same totals. The HTML file fetches nothing: inline
+CSS and an inline SVG chart. No secret is ever read here.
+
+JSON report schema (``schema_version`` 1; fields may be added, none removed or renamed)::
+
+    {
+      "schema_version": 1,
+      "generated_at": "ISO 8601 with offset",
+      "since": "ISO 8601" | null,            # only discrepancies detected since then
+      "currency": "TZS",
+      "totals": {"discrepancies": int, "open": int, "resolved": int,
+                 "amount_at_risk_open": "decimal string"},
+      "by_kind":    [{"kind": str, "open": int, "resolved": int,
+                      "amount_at_risk_open": "decimal string"}],      # sorted by kind
+      "by_service": [{"service": str, "open": int, "resolved": int,
+                      "amount_at_risk_open": "decimal string"}],      # sorted by service
+      "aging": [{"bucket": "<1h" | "1h-24h" | "1d-7d" | ">7d", "open": int,
+                 "amount_at_risk": "decimal string"}],                # open ones, by age
+      "timeline": [{"date": "YYYY-MM-DD", "detected": int, "resolved": int}],  # UTC days
+      "open": [{"id": str, "kind": str, "service": str, "subject": str,
+                "reference": str, "detail": str,
+                "amount_at_risk": "decimal string" | null,
+                "detected_at": "ISO 8601", "age_s": int, "action": str}]  # oldest first
+    }
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import io
+import json
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from ingest.codes import CODES
+
+SCHEMA_VERSION = 1
+FORMATS = ("html", "md", "csv", "json")
+AGING = (("<1h", 3600), ("1h-24h", 86400), ("1d-7d", 7 * 86400), (">7d", None))
+ACTIONS = {
+    "missing_webhook": "A webhook was lost; the state was recovered from the provider's API. "
+                       "Fulfil, credit or release as a normal webhook would have done, then "
+                       "check why the receiver missed it (outage, deploy, network).",
+    "status_mismatch": "Webhooks and the provider disagree. The provider's record is "
+                       "authoritative: check whether goods were released or money moved, "
+                       "and ask the provider's support if it stays.",
+    "amount_mismatch": "The amount differs. For a part payment compare with the amount "
+                       "requested and collect the rest or refund; otherwise check the order.",
+    "unresolved": "Not final after the 90 s window: it will not resolve on its own. Tell "
+                  "the customer and start a new collection if they still want to pay.",
+    "unknown_at_provider": "The provider does not know this reference: the initiation most "
+                           "likely failed. Re-initiate if the customer still wants to pay.",
+    "conflicting_events": "Webhooks contradict each other; check the payment by reference "
+                          "and confirm the state kept.",
+    "unsettled_paid_invoice": "invoice.paid arrived with money still due: do not treat the "
+                              "invoice as settled; collect the outstanding amount.",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    id: str
+    kind: str
+    service: str
+    subject: str
+    reference: str
+    detail: str
+    amount_at_risk: Decimal | None
+    status: str
+    detected_at: datetime
+    resolved_at: datetime | None
+    code: int | None = None
+
+
+def action_for(kind: str, code: int | None) -> str:
+    """What to do, with the spec's retry guidance when a failure code is known."""
+    text = ACTIONS.get(kind, "Look at the subject's history in hookledger.ledger.")
+    info = CODES.get(code) if code is not None else None
+    if info is not None and code is not None and code % 100 >= 50:
+        text += f" Code {code}: {info.meaning}; retry: {info.retry}."
+    return text
+
+
+def _money(value: Decimal) -> str:
+    return format(value, "f")
+
+
+def build_report(rows: Iterable[Row], *, now: datetime, since: datetime | None = None
+                 ) -> dict[str, Any]:
+    kinds: dict[str, list[Any]] = defaultdict(lambda: [0, 0, Decimal(0)])
+    services: dict[str, list[Any]] = defaultdict(lambda: [0, 0, Decimal(0)])
+    aging: dict[str, list[Any]] = {name: [0, Decimal(0)] for name, _ in AGING}
+    detected: Counter[str] = Counter()
+    resolved: Counter[str] = Counter()
+    open_rows: list[Row] = []
+    total = 0
+    for row in rows:
+        total += 1
+        risk = row.amount_at_risk or Decimal(0)
+        detected[row.detected_at.astimezone(UTC).date().isoformat()] += 1
+        is_open = row.status == "open"
+        for table, key in ((kinds, row.kind), (services, row.service)):
+            entry = table[key]
+            entry[0 if is_open else 1] += 1
+            if is_open:
+                entry[2] += risk
+        if is_open:
+            open_rows.append(row)
+            age = (now - row.detected_at).total_seconds()
+            bucket = next(name for name, limit in AGING if limit is None or age < limit)
+            aging[bucket][0] += 1
+            aging[bucket][1] += risk
+        elif row.resolved_at is not None:
+            resolved[row.resolved_at.astimezone(UTC).date().isoformat()] += 1
+    open_rows.sort(key=lambda r: (r.detected_at, r.id))
+    at_risk = sum((r.amount_at_risk or Decimal(0) for r in open_rows), Decimal(0))
+    days = sorted(set(detected) | set(resolved))
+    return {
+        "schema_version": SCHEMA_VERSION, "generated_at": now.isoformat(),
+        "since": since.isoformat() if since else None, "currency": "TZS",
+        "totals": {"discrepancies": total, "open": len(open_rows),
+                   "resolved": total - len(open_rows), "amount_at_risk_open": _money(at_risk)},
+        "by_kind": [{"kind": k, "open": v[0], "resolved": v[1],
+                     "amount_at_risk_open": _money(v[2])} for k, v in sorted(kinds.items())],
+        "by_service": [{"service": k, "open": v[0], "resolved": v[1],
+                        "amount_at_risk_open": _money(v[2])}
+                       for k, v in sorted(services.items())],
+        "aging": [{"bucket": name, "open": aging[name][0],
+                   "amount_at_risk": _money(aging[name][1])} for name, _ in AGING],
+        "timeline": [{"date": d, "detected": detected[d], "resolved": resolved[d]}
+                     for d in days],
+        "open": [{"id": r.id, "kind": r.kind, "service": r.service, "subject": r.subject,
+                  "reference": r.reference, "detail": r.detail,
+                  "amount_at_risk": None if r.amount_at_risk is None
+                  else _money(r.amount_at_risk),
+                  "detected_at": r.detected_at.isoformat(),
+                  "age_s": int((now - r.detected_at).total_seconds()),
+                  "action": action_for(r.kind, r.code)} for r in open_rows],
+    }
+
+
+# -- renderers ----------------------------------------------------------------------------
+
+def render(report: Mapping[str, Any], fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(report, indent=2, ensure_ascii=False) + "\n"
+    if fmt == "csv":
+        return render_csv(report)
+    if fmt == "md":
+        return render_md(report)
+    if fmt == "html":
+        return render_html(report)
+    raise ValueError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
+
+
+def render_csv(report: Mapping[str, Any]) -> str:
+    out = io.StringIO()
+    fields = ["id", "kind", "service", "subject", "reference", "amount_at_risk",
+              "detected_at", "age_s", "detail", "action"]
+    writer = csv.DictWriter(out, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for row in report["open"]:
+        writer.writerow(row)
+    return out.getvalue()
+
+
+def _md(text: Any) -> str:
+    return str(text if text is not None else "-").replace("|", "\\|").replace("\n", " ")
+
+
+def render_md(report: Mapping[str, Any]) -> str:
+    t = report["totals"]
+    lines = ["# hookledger discrepancy report", "",
+             f"Generated {report['generated_at']}"
+             + (f", since {report['since']}" if report["since"] else "") + ".", "",
+             f"- discrepancies: {t['discrepancies']} (open {t['open']}, resolved "
+             f"{t['resolved']})", f"- amount at risk (open): {t['amount_at_risk_open']} TZS",
+             "", "## By kind", "", "| kind | open | resolved | at risk (TZS) |",
+             "|---|---:|---:|---:|"]
+    lines += [f"| {k['kind']} | {k['open']} | {k['resolved']} | {k['amount_at_risk_open']} |"
+              for k in report["by_kind"]]
+    lines += ["", "## By service", "", "| service | open | resolved | at risk (TZS) |",
+              "|---|---:|---:|---:|"]
+    lines += [f"| {s['service']} | {s['open']} | {s['resolved']} | "
+              f"{s['amount_at_risk_open']} |" for s in report["by_service"]]
+    lines += ["", "## Aging (open)", "", "| age | open | at risk (TZS) |", "|---|---:|---:|"]
+    lines += [f"| {a['bucket']} | {a['open']} | {a['amount_at_risk']} |"
+              for a in report["aging"]]
+    lines += ["", "## Open", "", "| kind | service | reference | at risk | detected | "
+              "what to do |", "|---|---|---|---:|---|---|"]
+    lines += [f"| {_md(o['kind'])} | {_md(o['service'])} | {_md(o['reference'])} | "
+              f"{_md(o['amount_at_risk'])} | {_md(o['detected_at'])} | {_md(o['action'])} |"
+              for o in report["open"]]
+    return "\n".join(lines) + "\n"
+
+
+CSS = """
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem;color:#1d2330}
+h1{font-size:1.5rem}h2{font-size:1.15rem;margin-top:2rem}
+table{border-collapse:collapse;margin:.5rem 0;width:100%}
+th,td{border-bottom:1px solid #dde1e8;padding:.3rem .5rem;text-align:left;vertical-align:top}
+th{background:#f3f5f8}td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}
+.cards{display:flex;gap:1rem;flex-wrap:wrap}.card{border:1px solid #dde1e8;border-radius:6px;
+padding:.7rem 1rem;min-width:10rem}.card b{display:block;font-size:1.4rem}
+.kind{font-family:ui-monospace,monospace;font-size:.85em}svg text{font-size:10px;fill:#556}
+"""
+
+
+def _svg_chart(timeline: Sequence[Mapping[str, Any]]) -> str:
+    """Detected (and resolved) per day as bars, inline SVG."""
+    if not timeline:
+        return "<p>No discrepancies in this period.</p>"
+    width, height, pad = 720, 180, 28
+    peak = max(max(d["detected"], d["resolved"]) for d in timeline) or 1
+    step = (width - 2 * pad) / len(timeline)
+    bar = max(step / 2 - 1, 1)
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             f'role="img" aria-label="discrepancies over time" id="chart">',
+             f'<line x1="{pad}" y1="{height - pad}" x2="{width - pad}" y2="{height - pad}" '
+             'stroke="#99a"/>', f'<text x="2" y="{pad}">{peak}</text>']
+    for i, day in enumerate(timeline):
+        x = pad + i * step
+        for j, (field, colour) in enumerate((("detected", "#d9534f"), ("resolved", "#5cb85c"))):
+            h = (height - 2 * pad) * day[field] / peak
+            parts.append(f'<rect x="{x + j * bar:.1f}" y="{height - pad - h:.1f}" '
+                         f'width="{bar:.1f}" height="{h:.1f}" fill="{colour}">'
+                         f'<title>{html.escape(day["date"])}: {day[field]} {field}</title>'
+                         '</rect>')
+        if len(timeline) <= 16 or i % max(len(timeline) // 8, 1) == 0:
+            parts.append(f'<text x="{x:.1f}" y="{height - 8}">{html.escape(day["date"])}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def render_html(report: Mapping[str, Any]) -> str:
+    e = html.escape
+    t = report["totals"]
+
+    def table(head: Sequence[str], rows: Iterable[Sequence[Any]], numeric: set[int]) -> str:
+        ths = "".join(f'<th{" class=n" if i in numeric else ""}>{e(h)}</th>'
+                      for i, h in enumerate(head))
+        body = "".join("<tr>" + "".join(
+            f'<td{" class=n" if i in numeric else ""}>{e(str(c if c is not None else "-"))}'
+            "</td>" for i, c in enumerate(r)) + "</tr>" for r in rows)
+        return f"<table><thead><tr>{ths}</tr></thead><tbody>{body}</tbody></table>"
+
+    since = f", since {e(report['since'])}" if report["since"] else ""
+    return "".join([
+        "<!doctype html><html lang=en><head><meta charset=utf-8>",
+        "<meta name=viewport content='width=device-width,initial-scale=1'>",
+        "<title>hookledger discrepancy report</title>", f"<style>{CSS}</style></head><body>",
+        "<h1>hookledger discrepancy report</h1>",
+        f"<p>Generated {e(report['generated_at'])}{since}. Amounts in TZS.</p>",
+        "<div class=cards>",
+        f"<div class=card id=total-open>Open<b>{t['open']}</b></div>",
+        f"<div class=card id=total-resolved>Resolved<b>{t['resolved']}</b></div>",
+        f"<div class=card id=total-at-risk>Amount at risk (open)<b>"
+        f"{e(t['amount_at_risk_open'])}</b></div>",
+        f"<div class=card id=total-all>All discrepancies<b>{t['discrepancies']}</b></div>",
+        "</div><h2>Over time</h2>", _svg_chart(report["timeline"]),
+        "<h2>By kind</h2>",
+        table(["kind", "open", "resolved", "at risk (TZS)"],
+              ([k["kind"], k["open"], k["resolved"], k["amount_at_risk_open"]]
+               for k in report["by_kind"]), {1, 2, 3}),
+        "<h2>By service</h2>",
+        table(["service", "open", "resolved", "at risk (TZS)"],
+              ([s["service"], s["open"], s["resolved"], s["amount_at_risk_open"]]
+               for s in report["by_service"]), {1, 2, 3}),
+        "<h2>Aging of open discrepancies</h2>",
+        table(["age", "open", "at risk (TZS)"],
+              ([a["bucket"], a["open"], a["amount_at_risk"]] for a in report["aging"]), {1, 2}),
+        "<h2>Open discrepancies</h2>",
+        table(["kind", "service", "reference", "at risk (TZS)", "detected", "detail",
+               "what to do"],
+              ([o["kind"], o["service"], o["reference"], o["amount_at_risk"],
+                o["detected_at"], o["detail"], o["action"]] for o in report["open"]), {3}),
+        "</body></html>\n",
+    ])
+
+
+# -- loading and writing ------------------------------------------------------------------
+
+LOAD_SQL = """
+SELECT id, kind, service, subject, reference, detail, amount_at_risk, status, detected_at,
+       resolved_at, (facts->>'provider_code')::int
+FROM hookledger_private.discrepancies
+WHERE %(since)s::timestamptz IS NULL OR detected_at >= %(since)s::timestamptz
+"""
+
+
+async def load_rows(url: str, since: datetime | None) -> list[Row]:
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        cur = await conn.execute(LOAD_SQL, {"since": since})
+        return [Row(*r) for r in await cur.fetchall()]
+
+
+async def report_for(url: str, *, since: datetime | None = None,
+                     now: datetime | None = None) -> dict[str, Any]:
+    return build_report(await load_rows(url, since), now=now or datetime.now(UTC),
+                        since=since)
+
+
+async def write_scheduled_report(url: str, directory: Path) -> list[Path]:
+    """Every format, stamped, plus ``latest.*`` copies, under ``directory``."""
+    report = await report_for(url)
+    directory.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    written = []
+    for fmt in FORMATS:
+        text = render(report, fmt)
+        for name in (f"discrepancies-{stamp}.{fmt}", f"latest.{fmt}"):
+            path = directory / name
+            tmp = path.with_suffix(path.suffix + ".tmp")
+            tmp.write_text(text, encoding="utf-8")
+            tmp.replace(path)
+            written.append(path)
+    return written

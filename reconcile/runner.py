@@ -1,0 +1,267 @@
+"""One reconciliation pass: settle, pick what is due, ask the provider, record findings.
+
+A pass holds a PostgreSQL advisory lock (``pg_try_advisory_lock`` on its own connection)
+for its whole length, so that across every ``serve`` process and ``hookledger reconcile``
+at most one pass runs at a time per database: a second one returns at once, skipped. Work
+is taken in chunks; each chunk's results commit in one transaction together with the
+``reconcile_subjects`` bookkeeping, so an interrupted pass resumes where it stopped and no
+subject is asked twice in one pass. ``max_subjects`` and ``rate_per_s`` pace a backlog.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+from zoneinfo import ZoneInfo
+
+import psycopg
+import structlog
+
+from ledger import NewEvent
+from ledger.store import append_in
+from projections.projector import project_batch
+from reconcile import store
+from reconcile.checks import decide, settle
+from reconcile.client import Lookup
+from reconcile.findings import (
+    checked_event,
+    detected_event,
+    recovered_event,
+    resolved_event,
+)
+
+RECONCILE_LOCK_KEY = 0x686F6F6B7265636F  # "hookreco"
+log = structlog.get_logger("hookledger.reconcile")
+
+
+class Lookups(Protocol):
+    async def lookup(self, reference: str) -> Lookup: ...
+
+
+class PassObserver(Protocol):
+    """What a pass reports to (metrics); every method is optional in effect."""
+
+    def recovered(self, subject: str, count: int) -> None: ...
+    def after_pass(self, open_by_kind: dict[str, int], oldest_unchecked: datetime | None,
+                   lags: Sequence[float]) -> None: ...
+
+
+@dataclass(frozen=True)
+class PassConfig:
+    window: timedelta = timedelta(seconds=90)
+    payout_window: timedelta = timedelta(hours=24)
+    recheck_age: timedelta = timedelta(hours=24)
+    recheck_limit: int = 500
+    max_subjects: int = 5000
+    chunk_size: int = 500
+    rate_per_s: float = 0.0  # 0: only the client's concurrency bounds the pace
+    retry_base: timedelta = timedelta(seconds=60)
+    retry_cap: timedelta = timedelta(hours=1)
+    zone: ZoneInfo = field(default_factory=lambda: ZoneInfo("Africa/Dar_es_Salaam"))
+
+
+@dataclass
+class PassResult:
+    pass_id: str
+    skipped: bool = False
+    checked: int = 0
+    results: Counter[str] = field(default_factory=Counter)
+    detected: list[dict[str, Any]] = field(default_factory=list)
+    resolved: list[dict[str, Any]] = field(default_factory=list)
+    recovered: list[str] = field(default_factory=list)
+    errors: Counter[str] = field(default_factory=Counter)
+    seconds: float = 0.0
+
+    def summary(self) -> list[str]:
+        if self.skipped:
+            return ["another reconciliation pass is running; skipped"]
+        lines = [f"checked {self.checked} subject(s) in {self.seconds:.1f} s: "
+                 + (", ".join(f"{k} {n}" for k, n in sorted(self.results.items())) or "none")]
+        for d in self.detected:
+            risk = d["amount_at_risk"] if d["amount_at_risk"] is not None else "-"
+            lines.append(f"  detected {d['kind']:<20} {d['subject']:<10} {d['reference']:<24}"
+                         f" at risk {risk}  {d['detail']}")
+        for r in self.resolved:
+            lines.append(f"  resolved {r['kind']:<20} {r['subject']:<10} {r['reference']:<24}"
+                         f" {r['reason']}")
+        if self.errors:
+            lines.append("  API errors (asked again later): " + ", ".join(
+                f"{k} {n}" for k, n in sorted(self.errors.items())))
+        return lines
+
+
+class _Pacer:
+    def __init__(self, rate_per_s: float) -> None:
+        self._interval = 1.0 / rate_per_s if rate_per_s > 0 else 0.0
+        self._next = time.monotonic()
+        self._lock = asyncio.Lock()
+
+    async def wait(self) -> None:
+        if not self._interval:
+            return
+        async with self._lock:
+            now = time.monotonic()
+            if self._next > now:
+                await asyncio.sleep(self._next - now)
+            self._next = max(self._next, now) + self._interval
+
+
+class Reconciler:
+    """Runs passes against one database with one reference-API client."""
+
+    def __init__(self, url: str, client: Lookups, config: PassConfig | None = None,
+                 observer: PassObserver | None = None) -> None:
+        self._url = url
+        self._client = client
+        self.config = config or PassConfig()
+        self._observer = observer
+        self._lag_position = -1
+
+    async def run_pass(self, *, now: datetime | None = None) -> PassResult:
+        result = PassResult(pass_id=uuid.uuid4().hex[:12])
+        started = time.perf_counter()
+        async with await psycopg.AsyncConnection.connect(self._url, autocommit=True) as lock:
+            cur = await lock.execute("SELECT pg_try_advisory_lock(%s)", (RECONCILE_LOCK_KEY,))
+            row = await cur.fetchone()
+            if not (row and row[0]):
+                result.skipped = True
+                return result
+            try:
+                async with await psycopg.AsyncConnection.connect(
+                        self._url, autocommit=True) as conn:
+                    await self._pass(conn, result, now)
+                    await self._observe(conn)
+            finally:
+                await lock.execute("SELECT pg_advisory_unlock(%s)", (RECONCILE_LOCK_KEY,))
+        result.seconds = time.perf_counter() - started
+        log.info("reconcile.pass", pass_id=result.pass_id, checked=result.checked,
+                 detected=len(result.detected), resolved=len(result.resolved),
+                 recovered=len(result.recovered), errors=sum(result.errors.values()),
+                 seconds=round(result.seconds, 3))
+        return result
+
+    async def _catch_up(self, conn: store.Connection) -> None:
+        """Project what is in the ledger first, so decisions read current rows."""
+        while await project_batch(conn, batch_size=5000):
+            pass
+
+    async def _pass(self, conn: store.Connection, result: PassResult,
+                    now: datetime | None) -> None:
+        cfg = self.config
+        await self._catch_up(conn)
+        await self._settle(conn, result, now or datetime.now(UTC))
+        done = 0
+        while done < cfg.max_subjects:
+            moment = now or datetime.now(UTC)
+            due = await store.due_subjects(
+                conn, now=moment, window=cfg.window, recheck_age=cfg.recheck_age,
+                recheck_limit=cfg.recheck_limit,
+                limit=min(cfg.chunk_size, cfg.max_subjects - done))
+            if not due:
+                break
+            await self._chunk(conn, due, result, moment)
+            done += len(due)
+            await self._catch_up(conn)
+
+    async def _chunk(self, conn: store.Connection, due: Sequence[store.Due],
+                     result: PassResult, now: datetime) -> None:
+        cfg = self.config
+        views, positions = await store.local_views(conn, due)
+        previous = await store.previous_checks(conn, due)
+        pacer = _Pacer(cfg.rate_per_s)
+
+        async def ask(reference: str) -> Lookup:
+            await pacer.wait()
+            return await self._client.lookup(reference)
+
+        lookups = await asyncio.gather(*(ask(d.reference) for d in due))
+        events: list[NewEvent] = []
+        marks: list[tuple[str, str, datetime, int, datetime | None, str, str]] = []
+        recoveries: list[tuple[int, str, str]] = []
+        for d, lookup in zip(due, lookups, strict=True):
+            key = (d.subject, d.reference)
+            local = views[key]
+            window = cfg.window if d.subject == "collection" else cfg.payout_window
+            verdict = decide(local, lookup, now=now, window=window)
+            checked = checked_event(d.subject, lookup, verdict.result, result.pass_id, now)
+            events.append(checked)
+            if verdict.recover is not None:
+                recoveries.append((len(events), d.subject, d.reference))
+                events.append(recovered_event(d.subject, verdict.recover, result.pass_id, now,
+                                              cfg.zone))
+            for found in verdict.detect:
+                events.append(detected_event(d.subject, d.reference, found, result.pass_id,
+                                             checked.dedupe_key, now))
+                result.detected.append({"kind": found.kind, "subject": d.subject,
+                                        "reference": d.reference, "detail": found.detail,
+                                        "amount_at_risk": found.amount_at_risk})
+            open_kinds = {o.id: o.kind for o in local.open}
+            for discrepancy_id, reason in verdict.resolve:
+                events.append(resolved_event(discrepancy_id, d.subject, d.reference, reason,
+                                             result.pass_id, now))
+                result.resolved.append({"kind": open_kinds.get(discrepancy_id, "?"),
+                                        "subject": d.subject, "reference": d.reference,
+                                        "reason": reason})
+            result.results[verdict.result] += 1
+            if lookup.error:
+                result.errors[lookup.error] += 1
+            tries = previous.get(key, 0)
+            backoff = min(cfg.retry_cap, cfg.retry_base * (2 ** min(tries, 16)))
+            next_at = None if verdict.settled else now + backoff
+            marks.append((d.subject, d.reference, now, positions[key], next_at,
+                          verdict.result, result.pass_id))
+        async with conn.transaction():
+            appended = await append_in(conn, events)
+            for index, subject, reference in recoveries:
+                # the recovered event changes the row: that change needs no re-check
+                position = appended[index].position
+                marks = [(s, r, t, max(p, position) if (s, r) == (subject, reference) else p,
+                          n, res, pid) for s, r, t, p, n, res, pid in marks]
+                if not appended[index].duplicate:
+                    result.recovered.append(reference)
+                    log.warning("reconcile.repaired", subject=subject, reference=reference,
+                                reason="a webhook was lost; state recovered through the API")
+                    if self._observer:
+                        self._observer.recovered(subject, 1)
+            await store.mark_checked(conn, marks)
+        result.checked += len(due)
+
+    async def _settle(self, conn: store.Connection, result: PassResult,
+                      now: datetime) -> None:
+        """Resolve open discrepancies that the projection now contradicts (late webhooks)."""
+        events: list[NewEvent] = []
+        for row in await store.open_for_settling(conn):
+            view = None if not row["known"] else {
+                "outcome": row["outcome"], "amount": row["amount"],
+                "recovered": row["recovered"], "settled": row["settled"]}
+            reason = settle(row["kind"], row["facts"] or {}, view)
+            if reason is None:
+                continue
+            events.append(resolved_event(row["id"], row["subject"], row["reference"], reason,
+                                         result.pass_id, now))
+            result.resolved.append({"kind": row["kind"], "subject": row["subject"],
+                                    "reference": row["reference"], "reason": reason})
+        if events:
+            async with conn.transaction():
+                await append_in(conn, events)
+
+    async def _observe(self, conn: store.Connection) -> None:
+        await self._catch_up(conn)
+        if self._observer is None:
+            return
+        if self._lag_position < 0:  # start from the head: lags of new arrivals only
+            cur = await conn.execute("SELECT coalesce(max(position), 0) FROM "
+                                     "hookledger_private.ledger_events")
+            row = await cur.fetchone()
+            self._lag_position = int(row[0]) if row else 0
+            lags: list[float] = []
+        else:
+            self._lag_position, lags = await store.arrival_lags(conn, self._lag_position)
+        self._observer.after_pass(await store.open_by_kind(conn),
+                                  await store.oldest_unchecked_expectation(conn), lags)

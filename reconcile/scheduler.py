@@ -1,0 +1,75 @@
+"""The reconciliation schedule inside ``serve``: APScheduler, one pass per cluster at a time.
+
+An ``AsyncIOScheduler`` runs a pass every ``HOOKLEDGER_RECONCILE_INTERVAL_S`` (one instance
+per process, late runs coalesced) and writes a report every ``report_interval_s`` under
+``HOOKLEDGER_HOME/reports/``. Across processes a pass is guarded by the reconciler's
+advisory lock (:mod:`reconcile.runner`): a second ``serve`` skips while one runs. Any error
+in a pass is logged and counted; it never stops the schedule.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import structlog
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+
+from reconcile.client import ReferenceClient
+from reconcile.metrics import ReconcileMetrics
+from reconcile.report import write_scheduled_report
+from reconcile.runner import PassResult, Reconciler
+
+log = structlog.get_logger("hookledger.reconcile")
+
+
+class ReconcileScheduler:
+    def __init__(self, reconciler: Reconciler, client: ReferenceClient, *, interval_s: float,
+                 database_url: str, reports_dir: Path | None = None,
+                 report_interval_s: float = 0, metrics: ReconcileMetrics | None = None
+                 ) -> None:
+        self._reconciler = reconciler
+        self._client = client
+        self._metrics = metrics
+        self._url = database_url
+        self._reports_dir = reports_dir
+        self.scheduler = AsyncIOScheduler(timezone=UTC)
+        first = datetime.now(UTC) + timedelta(seconds=min(interval_s, 5))
+        self.scheduler.add_job(self.run_once, "interval", seconds=interval_s,
+                               id="reconcile", max_instances=1, coalesce=True,
+                               next_run_time=first, misfire_grace_time=None)
+        if reports_dir is not None and report_interval_s > 0:
+            self.scheduler.add_job(self.report_once, "interval", seconds=report_interval_s,
+                                   id="report", max_instances=1, coalesce=True,
+                                   misfire_grace_time=None)
+        self.last: PassResult | None = None
+
+    def start(self) -> None:
+        self.scheduler.start()
+
+    async def shutdown(self) -> None:
+        if self.scheduler.running:
+            self.scheduler.shutdown(wait=False)
+        await self._client.aclose()
+
+    async def run_once(self) -> PassResult | None:
+        try:
+            result = await self._reconciler.run_pass()
+        except Exception as exc:  # noqa: BLE001 - a pass must never end the schedule
+            log.error("reconcile.pass_failed", error=type(exc).__name__)
+            if self._metrics:
+                self._metrics.passes.labels(outcome="failed").inc()
+            return None
+        if self._metrics:
+            self._metrics.passes.labels(outcome="skipped" if result.skipped else "ran").inc()
+        self.last = result
+        return result
+
+    async def report_once(self) -> Any:
+        assert self._reports_dir is not None
+        try:
+            return await write_scheduled_report(self._url, self._reports_dir)
+        except Exception as exc:  # noqa: BLE001
+            log.error("reconcile.report_failed", error=type(exc).__name__)
+            return None

@@ -1,0 +1,48 @@
+"""The declared schema of reconciliation's own tables (migration 0004 creates them)."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Index,
+    Integer,
+    Numeric,
+    Table,
+    Text,
+)
+
+from ledger.schema import metadata
+
+
+def _ts() -> DateTime:
+    return DateTime(timezone=True)
+
+
+expectations = Table(
+    "expectations", metadata,
+    # what the merchant initiated: a webhook that never comes is noticed through these
+    Column("reference", Text, primary_key=True),
+    Column("kind", Text, nullable=False),
+    Column("amount", Numeric, nullable=False),
+    Column("initiated_at", _ts(), nullable=False),
+    Column("registered_at", _ts(), nullable=False, server_default="now()"),
+    CheckConstraint("kind IN ('collection', 'payout')", name="kind"),
+    CheckConstraint("amount > 0", name="amount_positive"),
+)
+
+reconcile_subjects = Table(
+    "reconcile_subjects", metadata,
+    # when each subject was last asked about, so that none is asked more often than needed
+    Column("subject", Text, primary_key=True),
+    Column("reference", Text, primary_key=True),
+    Column("last_checked_at", _ts(), nullable=False),
+    Column("checked_position", BigInteger, nullable=False, server_default="0"),
+    Column("next_check_at", _ts()),
+    Column("last_result", Text, nullable=False),
+    Column("checks", Integer, nullable=False, server_default="0"),
+    Column("last_pass", Text),
+)
+Index(None, reconcile_subjects.c.next_check_at)

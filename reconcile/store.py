@@ -1,0 +1,216 @@
+"""SQL for reconciliation: which subjects are due, what is known locally, and the writes.
+
+Every function takes the caller's connection, so a chunk of results (ledger events and
+the ``reconcile_subjects`` bookkeeping) commits in one transaction: a pass interrupted
+anywhere resumes with exactly the subjects whose results did not commit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import dict_row
+
+from reconcile.checks import CHECK_KINDS, Local, OpenDiscrepancy
+
+Connection = psycopg.AsyncConnection[Any]
+RECHECK_KINDS = [k for k in CHECK_KINDS if k != "missing_webhook"] + ["conflicting_events"]
+
+DUE_SQL = """
+WITH candidates AS (
+    SELECT e.kind AS subject, e.reference, 1 AS priority
+    FROM hookledger_private.expectations e
+    LEFT JOIN hookledger_private.payments p
+           ON e.kind = 'collection' AND p.reference = e.reference
+    LEFT JOIN hookledger_private.payouts o ON e.kind = 'payout' AND o.reference = e.reference
+    WHERE e.initiated_at <= %(overdue)s
+      AND coalesce(p.outcome, o.outcome, 'none') NOT IN ('success', 'failure', 'refunded')
+    UNION ALL
+    SELECT 'payout', reference, 2 FROM hookledger_private.payouts
+    WHERE outcome NOT IN ('success', 'failure', 'refunded') AND updated_at <= %(overdue)s
+    UNION ALL
+    SELECT 'collection', reference, 2 FROM hookledger_private.payments
+    WHERE outcome NOT IN ('success', 'failure', 'refunded') AND updated_at <= %(overdue)s
+    UNION ALL
+    SELECT subject, reference, 3 FROM hookledger_private.discrepancies
+    WHERE status = 'open' AND kind = ANY(%(recheck_kinds)s)
+      AND subject IN ('collection', 'payout')
+), due AS (
+    SELECT DISTINCT ON (c.subject, c.reference) c.subject, c.reference, c.priority
+    FROM candidates c
+    LEFT JOIN hookledger_private.reconcile_subjects s
+           ON s.subject = c.subject AND s.reference = c.reference
+    LEFT JOIN hookledger_private.payments p
+           ON c.subject = 'collection' AND p.reference = c.reference
+    LEFT JOIN hookledger_private.payouts o ON c.subject = 'payout' AND o.reference = c.reference
+    WHERE s.subject IS NULL OR s.next_check_at <= %(now)s
+       OR coalesce(p.last_position, o.last_position, 0) > s.checked_position
+    ORDER BY c.subject, c.reference, c.priority
+), recent AS (
+    SELECT x.subject, x.reference, 4 AS priority FROM (
+        SELECT 'collection' AS subject, p.reference, p.last_position, p.conflicted
+        FROM hookledger_private.payments p
+        WHERE p.outcome IN ('success', 'failure', 'refunded')
+        UNION ALL
+        SELECT 'payout', o.reference, o.last_position, o.conflicted
+        FROM hookledger_private.payouts o
+        WHERE o.outcome IN ('success', 'failure', 'refunded')
+    ) x
+    JOIN hookledger_private.ledger_events le ON le.position = x.last_position
+    LEFT JOIN hookledger_private.reconcile_subjects s
+           ON s.subject = x.subject AND s.reference = x.reference
+    WHERE le.received_at >= %(recent_since)s
+      AND (s.subject IS NULL OR x.last_position > s.checked_position)
+    ORDER BY x.conflicted DESC, x.last_position
+    LIMIT %(recheck_limit)s
+)
+SELECT subject, reference, min(priority) AS priority FROM (
+    SELECT * FROM due UNION ALL SELECT * FROM recent) u
+GROUP BY subject, reference
+ORDER BY min(priority), subject, reference
+LIMIT %(limit)s
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Due:
+    subject: str
+    reference: str
+    priority: int
+
+
+async def due_subjects(conn: Connection, *, now: datetime, window: timedelta,
+                       recheck_age: timedelta, recheck_limit: int, limit: int) -> list[Due]:
+    cur = await conn.execute(DUE_SQL, {
+        "now": now, "overdue": now - window, "recent_since": now - recheck_age,
+        "recheck_limit": recheck_limit, "limit": limit, "recheck_kinds": RECHECK_KINDS})
+    return [Due(str(s), str(r), int(p)) for s, r, p in await cur.fetchall()]
+
+
+async def local_views(conn: Connection, subjects: Sequence[Due]
+                      ) -> tuple[dict[tuple[str, str], Local], dict[tuple[str, str], int]]:
+    """Each subject's local view, and its projection row's last position (0 when none)."""
+    refs = {kind: [d.reference for d in subjects if d.subject == kind]
+            for kind in ("collection", "payout")}
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    async with conn.cursor(row_factory=dict_row) as cur:
+        for kind, table in (("collection", "payments"), ("payout", "payouts")):
+            await cur.execute(sql.SQL(
+                "SELECT reference, outcome, status, amount, recovered, updated_at, "
+                "last_position FROM {} WHERE reference = ANY(%s)").format(
+                    sql.Identifier("hookledger_private", table)), (refs[kind],))
+            for loaded in await cur.fetchall():
+                rows[(kind, loaded["reference"])] = loaded
+        await cur.execute(
+            "SELECT reference, kind, amount, initiated_at FROM hookledger_private.expectations "
+            "WHERE reference = ANY(%s)", ([d.reference for d in subjects],))
+        expected = {(r["kind"], r["reference"]): r for r in await cur.fetchall()}
+        await cur.execute(
+            "SELECT id, kind, subject, reference, facts FROM hookledger_private.discrepancies "
+            "WHERE status = 'open' AND reference = ANY(%s)", ([d.reference for d in subjects],))
+        opened: dict[tuple[str, str], list[OpenDiscrepancy]] = {}
+        for found in await cur.fetchall():
+            opened.setdefault((found["subject"], found["reference"]), []).append(
+                OpenDiscrepancy(found["id"], found["kind"], found["facts"] or {}))
+    views: dict[tuple[str, str], Local] = {}
+    positions: dict[tuple[str, str], int] = {}
+    for d in subjects:
+        key = (d.subject, d.reference)
+        row = rows.get(key)
+        exp: dict[str, Any] | None = expected.get(key)
+        since = exp["initiated_at"] if exp is not None and (
+            row is None or row["outcome"] == "pending") else (row or {}).get("updated_at")
+        views[key] = Local(
+            subject=d.subject, reference=d.reference,
+            outcome=row["outcome"] if row else None, status=row["status"] if row else None,
+            amount=Decimal(row["amount"]) if row and row["amount"] is not None else None,
+            recovered=bool(row["recovered"]) if row else False, since=since,
+            expected_amount=Decimal(exp["amount"]) if exp else None,
+            open=tuple(opened.get(key, ())))
+        positions[key] = int(row["last_position"]) if row else 0
+    return views, positions
+
+
+async def mark_checked(conn: Connection, marks: Sequence[tuple[str, str, datetime, int,
+                                                               datetime | None, str, str]]
+                       ) -> None:
+    """Upsert (subject, reference, checked_at, position, next_check_at, result, pass)."""
+    async with conn.cursor() as cur:
+        await cur.executemany(
+            "INSERT INTO hookledger_private.reconcile_subjects AS s (subject, reference, "
+            "last_checked_at, checked_position, next_check_at, last_result, checks, last_pass) "
+            "VALUES (%s, %s, %s, %s, %s, %s, 1, %s) "
+            "ON CONFLICT (subject, reference) DO UPDATE SET "
+            "last_checked_at = EXCLUDED.last_checked_at, "
+            "checked_position = EXCLUDED.checked_position, "
+            "next_check_at = EXCLUDED.next_check_at, last_result = EXCLUDED.last_result, "
+            "checks = s.checks + 1, last_pass = EXCLUDED.last_pass", list(marks))
+
+
+async def previous_checks(conn: Connection, subjects: Sequence[Due]) -> dict[tuple[str, str],
+                                                                             int]:
+    cur = await conn.execute(
+        "SELECT subject, reference, checks FROM hookledger_private.reconcile_subjects "
+        "WHERE reference = ANY(%s)", ([d.reference for d in subjects],))
+    return {(s, r): int(n) for s, r, n in await cur.fetchall()}
+
+
+SETTLE_SQL = """
+SELECT d.id, d.kind, d.subject, d.reference, d.facts,
+       coalesce(p.outcome, o.outcome) AS outcome, coalesce(p.amount, o.amount) AS amount,
+       coalesce(p.recovered, o.recovered, false) AS recovered, i.settled,
+       (p.reference IS NOT NULL OR o.reference IS NOT NULL OR i.invoice_no IS NOT NULL) AS known
+FROM hookledger_private.discrepancies d
+LEFT JOIN hookledger_private.payments p
+       ON d.subject = 'collection' AND p.reference = d.reference
+LEFT JOIN hookledger_private.payouts o ON d.subject = 'payout' AND o.reference = d.reference
+LEFT JOIN hookledger_private.invoices i ON d.subject = 'invoice' AND i.invoice_no = d.reference
+WHERE d.status = 'open'
+  AND d.kind IN ('unresolved', 'missing_webhook', 'status_mismatch', 'amount_mismatch',
+                 'unsettled_paid_invoice')
+"""
+
+
+async def open_for_settling(conn: Connection) -> list[dict[str, Any]]:
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(SETTLE_SQL)
+        return list(await cur.fetchall())
+
+
+async def open_by_kind(conn: Connection) -> dict[str, int]:
+    cur = await conn.execute("SELECT kind, count(*) FROM hookledger_private.discrepancies "
+                             "WHERE status = 'open' GROUP BY kind")
+    return {str(k): int(n) for k, n in await cur.fetchall()}
+
+
+async def oldest_unchecked_expectation(conn: Connection) -> datetime | None:
+    cur = await conn.execute(
+        "SELECT min(e.initiated_at) FROM hookledger_private.expectations e "
+        "LEFT JOIN hookledger_private.reconcile_subjects s "
+        "ON s.subject = e.kind AND s.reference = e.reference "
+        "LEFT JOIN hookledger_private.payments p ON e.kind = 'collection' "
+        "AND p.reference = e.reference "
+        "LEFT JOIN hookledger_private.payouts o ON e.kind = 'payout' AND o.reference = e.reference "
+        "WHERE s.subject IS NULL "
+        "AND coalesce(p.outcome, o.outcome, 'none') NOT IN ('success', 'failure', 'refunded')")
+    row = await cur.fetchone()
+    return row[0] if row else None
+
+
+async def arrival_lags(conn: Connection, after: int, limit: int = 10000
+                       ) -> tuple[int, list[float]]:
+    """Seconds from the provider's timestamp to receipt, for general events after ``after``."""
+    cur = await conn.execute(
+        "SELECT position, extract(epoch FROM received_at - occurred_at)::float8 "
+        "FROM hookledger_private.ledger_events WHERE position > %s AND source = 'general' "
+        "AND occurred_at IS NOT NULL ORDER BY position LIMIT %s", (after, limit))
+    rows = await cur.fetchall()
+    if not rows:
+        return after, []
+    return int(rows[-1][0]), [float(lag) for _, lag in rows]

@@ -1,0 +1,34 @@
+"""Building the reconciler from settings (used by ``serve`` and the command line)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from reconcile.client import ReferenceClient
+from reconcile.records import RecordMapping
+from reconcile.runner import PassConfig
+
+
+def client_from(settings: Any, **overrides: Any) -> ReferenceClient:
+    """The API client; the key is read from its SecretStr here and handed to httpx only."""
+    if not settings.api_base_url:
+        raise ValueError("HOOKLEDGER_API_BASE_URL is not set")
+    key = settings.api_key.get_secret_value() if settings.api_key else None
+    options: dict[str, Any] = {
+        "timeout_s": settings.api_timeout_s, "max_attempts": settings.api_max_attempts,
+        "concurrency": settings.api_concurrency,
+        "mapping": RecordMapping.create(settings.reconcile_record_paths), **overrides}
+    return ReferenceClient(settings.api_base_url, key, **options)
+
+
+def config_from(settings: Any) -> PassConfig:
+    return PassConfig(
+        window=timedelta(seconds=settings.resolution_window_s),
+        payout_window=timedelta(seconds=settings.reconcile_payout_window_s),
+        recheck_age=timedelta(seconds=settings.reconcile_recheck_age_s),
+        recheck_limit=settings.reconcile_recheck_per_pass,
+        max_subjects=settings.reconcile_max_per_pass,
+        rate_per_s=settings.reconcile_rate_per_s,
+        retry_base=timedelta(seconds=settings.reconcile_interval_s),
+        zone=settings.zone)

@@ -1,0 +1,117 @@
+"""Pure decisions and parsing, with property tests where arbitrary input matters."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from reconcile.checks import Local, OpenDiscrepancy, decide, settle
+from reconcile.client import Lookup, backoff_delay, parse_envelope, retry_after_seconds
+from reconcile.errors import MalformedEnvelope, MappingError
+from reconcile.records import ProviderRecord, RecordMapping, record_outcome
+
+NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)
+WINDOW = timedelta(seconds=90)
+OUTCOMES = st.sampled_from([None, "success", "failure", "refunded", "pending"])
+AMOUNTS = st.one_of(st.none(), st.decimals(min_value=0, max_value=10**9, places=2))
+STATUS = {"success": "SUCCESSFUL", "failure": "FAILED", "refunded": "REFUNDED",
+          "pending": "PENDING"}
+
+
+def record(outcome: str, amount: Decimal | None) -> ProviderRecord:
+    return ProviderRecord("R", STATUS[outcome], amount, None, None, None, None, None, None)
+
+
+@given(ours=OUTCOMES, theirs=st.sampled_from(["success", "failure", "refunded", "pending"]),
+       local_amount=AMOUNTS, provider_amount=AMOUNTS, subject=st.sampled_from(
+           ["collection", "payout"]), age=st.integers(0, 10_000))
+def test_a_verdict_never_recovers_over_a_contradicting_webhook_and_never_reopens(
+        ours: str | None, theirs: str, local_amount: Decimal | None,
+        provider_amount: Decimal | None, subject: str, age: int) -> None:
+    opened = tuple(OpenDiscrepancy(f"id-{k}", k) for k in ("status_mismatch", "unresolved"))
+    local = Local(subject, "R", ours, None, local_amount, since=NOW - timedelta(seconds=age),
+                  open=opened)
+    verdict = decide(local, Lookup("R", "found", record(theirs, provider_amount)), now=NOW,
+                     window=WINDOW)
+    if verdict.recover is not None:
+        assert ours in (None, "pending") or (subject, ours, theirs) == (
+            "collection", "success", "refunded")
+        assert theirs != "pending"
+    if ours in ("success", "failure", "refunded") and ours != theirs and theirs != "pending":
+        kinds = {d.kind for d in verdict.detect} | {"status_mismatch"}
+        assert "status_mismatch" in kinds or verdict.recover is not None
+    assert not {d.kind for d in verdict.detect} & {o.kind for o in opened}
+    for d in verdict.detect:
+        assert d.amount_at_risk is None or d.amount_at_risk >= 0
+    assert not (verdict.resolve and verdict.result == "error")
+
+
+@given(kind=st.sampled_from(["missing_webhook", "status_mismatch", "amount_mismatch",
+                             "unresolved", "conflicting_events"]), outcome=OUTCOMES,
+       recovered=st.booleans())
+def test_settle_never_resolves_on_a_recovered_state_except_unresolved(
+        kind: str, outcome: str | None, recovered: bool) -> None:
+    facts = {"provider_outcome": "success", "provider_amount": "10"}
+    reason = settle(kind, facts, {"outcome": outcome, "amount": Decimal(10),
+                                  "recovered": recovered})
+    if recovered and kind != "unresolved":
+        assert reason is None
+    if kind == "conflicting_events":
+        assert reason is None
+
+
+def test_an_error_decides_nothing_and_a_missing_record_is_unknown_only_after_the_window() -> None:
+    local = Local("collection", "R", since=NOW - timedelta(seconds=10), expected_amount=Decimal(5))
+    assert decide(local, Lookup("R", "error", error="timeout"), now=NOW, window=WINDOW
+                  ).detect == ()
+    assert decide(local, Lookup("R", "not_found"), now=NOW, window=WINDOW).detect == ()
+    late = decide(local, Lookup("R", "not_found"), now=NOW + WINDOW, window=WINDOW)
+    assert [d.kind for d in late.detect] == ["unknown_at_provider"]
+
+
+@given(st.binary(max_size=200))
+def test_any_bytes_give_an_envelope_or_malformed_envelope(raw: bytes) -> None:
+    try:
+        envelope = parse_envelope(raw)
+    except MalformedEnvelope:
+        return
+    assert isinstance(envelope.data, dict)
+
+
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+                    lambda inner: st.dictionaries(st.text(max_size=8), inner, max_size=4),
+                    max_leaves=12))
+def test_any_data_maps_to_a_record_or_a_mapping_error(data: object) -> None:
+    mapping = RecordMapping.create({"status": "payment.state"})
+    try:
+        mapped = mapping.read(data if isinstance(data, dict) else {"x": data}, "R")
+    except MappingError:
+        return
+    assert mapped.outcome in ("success", "failure", "refunded", "pending")
+
+
+def test_the_mapping_follows_dotted_paths_and_the_outcome_follows_the_code_band() -> None:
+    mapping = RecordMapping.create({"status": "payment.state", "amount": "payment.paid"})
+    got = mapping.read({"payment": {"state": "PAID", "paid": Decimal("12.50")},
+                        "transactionId": "-1"}, "R")
+    assert (got.status, got.amount, got.transaction_id) == ("PAID", Decimal("12.50"), None)
+    assert record_outcome("payment.confirmed", 91099, "SUCCESSFUL") == "failure"
+    assert record_outcome(None, None, "USER_REJECTED") == "failure"
+
+
+@given(st.integers(1, 30), st.floats(0.01, 2), st.floats(0.01, 60))
+def test_backoff_is_jittered_within_its_exponential_cap(attempt: int, base: float,
+                                                        cap: float) -> None:
+    delay = backoff_delay(attempt, base_s=base, cap_s=cap, rng=random.Random(attempt))
+    assert 0 <= delay <= min(cap, base * 2 ** (attempt - 1))
+
+
+def test_retry_after_is_read_as_seconds_or_a_date_and_capped() -> None:
+    assert retry_after_seconds("2") == 2.0
+    assert retry_after_seconds("99999") == 30.0
+    assert retry_after_seconds("Sun, 22 Nov 2026 12:00:05 GMT", now=NOW.timestamp()) == 5.0
+    assert retry_after_seconds("soon") is None

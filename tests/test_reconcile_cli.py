@@ -1,0 +1,43 @@
+"""The commands: hookledger expect, reconcile (one pass, printed) and report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from hookledger.cli import main
+from sandbox.runner import running_sandbox
+from tests.reconcile_helpers import API_KEY, CountingState, body
+
+
+def test_expect_reconcile_and_report_from_the_command_line(
+        db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    state = CountingState()
+    state.record_general(body("payment.confirmed", 91000, reference="CLI-1", amount=321))
+    runner = CliRunner()
+    with running_sandbox(state=state) as api:
+        monkeypatch.setenv("HOOKLEDGER_DATABASE_URL", db_url)
+        monkeypatch.setenv("HOOKLEDGER_API_BASE_URL", api.url)
+        monkeypatch.setenv("HOOKLEDGER_API_KEY", API_KEY)
+        monkeypatch.setenv("HOOKLEDGER_HOME", str(tmp_path))
+        registered = runner.invoke(main, ["expect", "CLI-1", "--kind", "collection",
+                                          "--amount", "321", "--initiated-at",
+                                          "2026-01-01T00:00:00+00:00"])
+        assert registered.exit_code == 0, registered.output
+        assert "registered: collection CLI-1 321 TZS" in registered.output
+        bad = runner.invoke(main, ["expect", "CLI-2", "--kind", "collection",
+                                   "--amount", "-3"])
+        assert bad.exit_code != 0
+        found = runner.invoke(main, ["reconcile"])
+        assert found.exit_code == 0, found.output
+        assert "missing_webhook" in found.output and "CLI-1" in found.output
+        assert API_KEY not in found.output
+        out = tmp_path / "r.json"
+        report = runner.invoke(main, ["report", "--format", "json", "--out", str(out)])
+        assert report.exit_code == 0, report.output
+    data = json.loads(out.read_text())
+    assert data["totals"]["open"] == 1
+    assert data["open"][0]["reference"] == "CLI-1"

@@ -1,0 +1,139 @@
+"""Reconciliation passes against the sandbox's real HTTP reference API and real PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+from decimal import Decimal
+
+from sandbox.faults import FaultSettings
+from sandbox.runner import running_sandbox
+from tests.reconcile_helpers import (
+    CountingState,
+    body,
+    deliver,
+    expect,
+    reconcile,
+    rows,
+)
+
+
+def discrepancies(url: str, status: str = "open") -> list[tuple[str, str, str, Decimal | None]]:
+    return [tuple(r) for r in rows(  # type: ignore[misc]
+        url, "SELECT kind, subject, reference, amount_at_risk FROM hookledger.discrepancies "
+             "WHERE status = %s ORDER BY kind, reference", status)]
+
+
+def test_a_dropped_payment_confirmed_is_found_as_missing_webhook_and_recovered_as_paid(
+        db_url: str) -> None:
+    state = CountingState()
+    state.record_general(body("payment.confirmed", 91000, reference="C-1", amount=1500))
+    expect(db_url, "C-1", "collection", 1500)
+    with running_sandbox(state=state) as api:
+        result = reconcile(db_url, api.url)
+    assert result.recovered == ["C-1"]
+    assert discrepancies(db_url) == [("missing_webhook", "collection", "C-1", Decimal(1500))]
+    assert rows(db_url, "SELECT status, outcome, amount, recovered FROM hookledger.payments") == [
+        ("SUCCESSFUL", "success", Decimal(1500), True)]
+    assert rows(db_url, "SELECT resolved FROM hookledger.expectations") == [(True,)]
+    checked = rows(db_url, "SELECT source, payload->>'result' FROM hookledger.ledger "
+                           "WHERE event_type = 'reconcile.checked'")
+    assert checked == [("reconciler", "recovered")]
+
+
+def test_a_late_webhook_that_agrees_resolves_the_missing_webhook(db_url: str) -> None:
+    state = CountingState()
+    state.record_general(body("payment.confirmed", 91000, reference="C-2", amount=700))
+    expect(db_url, "C-2", "collection", 700)
+    with running_sandbox(state=state) as api:
+        reconcile(db_url, api.url)
+        deliver(db_url, "payment.confirmed", 91000, reference="C-2", amount=700)
+        assert rows(db_url, "SELECT recovered FROM hookledger.payments") == [(False,)]
+        reconcile(db_url, api.url)
+    assert discrepancies(db_url) == []
+    assert [r[0] for r in discrepancies(db_url, "resolved")] == ["missing_webhook"]
+    assert rows(db_url, "SELECT resolved_at >= detected_at FROM hookledger.discrepancies") == [
+        (True,)]
+
+
+def test_status_and_amount_mismatches_are_found_and_never_override_the_webhook(
+        db_url: str) -> None:
+    state = CountingState()
+    state.record_general(body("payment.confirmed", 91000, reference="S-1", amount=900))
+    state.record_general(body("payment.confirmed", 91000, reference="A-1", amount=1000))
+    deliver(db_url, "payment.failed", 91053, reference="S-1", amount=0, status="FAILED",
+            transaction_id="-1")
+    deliver(db_url, "payment.confirmed", 91000, reference="A-1", amount=1200)
+    with running_sandbox(state=state) as api:
+        reconcile(db_url, api.url)
+    assert discrepancies(db_url) == [("amount_mismatch", "collection", "A-1", Decimal(200)),
+                                     ("status_mismatch", "collection", "S-1", Decimal(900))]
+    assert rows(db_url, "SELECT reference, outcome, recovered FROM hookledger.payments "
+                        "ORDER BY reference") == [("A-1", "success", False),
+                                                  ("S-1", "failure", False)]
+
+
+def test_an_unresolved_collection_after_the_window_and_an_unknown_reference(
+        db_url: str) -> None:
+    state = CountingState()
+    state.put_record("U-1", {"reference": "U-1", "status": "PENDING", "amount": 500,
+                             "service": "Collection", "type": "CHARGE"})
+    expect(db_url, "U-1", "collection", 500)
+    expect(db_url, "N-1", "collection", 250)
+    expect(db_url, "FRESH-1", "collection", 250, minutes_ago=0)  # inside the window
+    with running_sandbox(state=state) as api:
+        reconcile(db_url, api.url)
+        assert discrepancies(db_url) == [("unknown_at_provider", "collection", "N-1",
+                                          Decimal(250)),
+                                         ("unresolved", "collection", "U-1", Decimal(500))]
+        assert "FRESH-1" not in state.asked
+        # the provider resolves it; the next due check agrees and resolves "unresolved"
+        state.record_general(body("payment.confirmed", 91000, reference="U-1", amount=500))
+        rows_before = state.asked["U-1"]
+        rows(db_url, "UPDATE hookledger_private.reconcile_subjects "  # time passes
+                     "SET next_check_at = now() - interval '1 second' RETURNING 1")
+        reconcile(db_url, api.url)
+    assert state.asked["U-1"] == rows_before + 1
+    assert ("unresolved", "collection", "U-1", Decimal(500)) in discrepancies(db_url, "resolved")
+
+
+def test_timeouts_500s_and_429s_are_retried_and_finally_recorded_without_a_crash(
+        db_url: str) -> None:
+    state = CountingState()
+    for ref in ("R-1", "R-2", "R-3"):
+        state.record_general(body("payment.confirmed", 91000, reference=ref, amount=100))
+        expect(db_url, ref, "collection", 100)
+    faults = FaultSettings(timeout_count=1, error_count=1, rate_limit_count=1, hang_s=2.0,
+                           retry_after_s=1)
+    with running_sandbox(state=state, faults=faults) as api:
+        result = reconcile(db_url, api.url, timeout_s=0.3, max_attempts=4, concurrency=1)
+        assert sorted(result.recovered) == ["R-1", "R-2", "R-3"]
+        api.faults.configure(FaultSettings(error_rate=1.0))
+        expect(db_url, "R-4", "collection", 100)
+        failed = reconcile(db_url, api.url, max_attempts=2)
+        api.faults.configure(FaultSettings(malformed_rate=1.0))
+        expect(db_url, "R-5", "collection", 100)
+        malformed = reconcile(db_url, api.url, max_attempts=2)
+    assert failed.errors == {"server_error": 1}
+    assert malformed.errors == {"malformed_envelope": 1}
+    recorded = rows(db_url, "SELECT payload->>'reference', payload->>'error', "
+                            "(payload->>'attempts')::int FROM hookledger.ledger "
+                            "WHERE payload->>'result' = 'error' ORDER BY 1")
+    assert recorded == [("R-4", "server_error", 2), ("R-5", "malformed_envelope", 2)]
+    assert rows(db_url, "SELECT count(*) FROM hookledger.discrepancies WHERE reference IN "
+                        "('R-4', 'R-5')") == [(0,)]
+
+
+def test_two_reconcilers_on_one_database_never_ask_about_a_subject_twice(db_url: str) -> None:
+    state = CountingState()
+    for i in range(60):
+        state.record_general(body("payment.confirmed", 91000, reference=f"T-{i}", amount=10))
+        expect(db_url, f"T-{i}", "collection", 10)
+    with running_sandbox(state=state, faults=FaultSettings(latency_ms=20)) as api:
+        async def both() -> None:
+            await asyncio.gather(asyncio.to_thread(reconcile, db_url, api.url),
+                                 asyncio.to_thread(reconcile, db_url, api.url))
+        asyncio.run(both())
+        reconcile(db_url, api.url)
+    assert len(state.asked) == 60
+    assert set(state.asked.values()) == {1}
+    assert rows(db_url, "SELECT count(*) FROM hookledger.discrepancies") == [(60,)]

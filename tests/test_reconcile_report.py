@@ -1,0 +1,68 @@
+"""Reports: rendered from a faulty scenario's discrepancies, totals checked in every format."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import io
+import json
+import re
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+from reconcile.report import Row, build_report, render, report_for
+from sandbox.faults import FaultSettings
+from sandbox.runner import running_sandbox
+from tests.reconcile_helpers import CountingState, body, deliver, expect, reconcile, rows
+
+
+def faulty_scenario(db_url: str) -> None:
+    state = CountingState()
+    state.record_general(body("payment.confirmed", 91000, reference="M-1", amount=1500))
+    state.record_general(body("payment.confirmed", 91000, reference="M-2", amount=2500))
+    state.record_general(body("payment.failed", 91052, reference="F-1", amount=0,
+                              status="FAILED", transaction_id="-1"))
+    state.record_general(body("payment.confirmed", 91000, reference="A-1", amount=1000))
+    deliver(db_url, "payment.confirmed", 91000, reference="A-1", amount=1250)
+    deliver(db_url, "payment.confirmed", 91000, reference="F-1", amount=300)
+    for ref, amount in (("M-1", 1500), ("M-2", 2500), ("N-1", 400)):
+        expect(db_url, ref, "collection", amount)
+    with running_sandbox(state=state, faults=FaultSettings(error_count=2)) as api:
+        reconcile(db_url, api.url)
+
+
+def test_the_html_report_of_a_faulty_scenario_shows_the_right_totals(db_url: str) -> None:
+    faulty_scenario(db_url)
+    report = asyncio.run(report_for(db_url))
+    assert report["totals"] == {"discrepancies": 5, "open": 5, "resolved": 0,
+                                "amount_at_risk_open": "4950"}
+    assert {k["kind"]: k["open"] for k in report["by_kind"]} == {
+        "amount_mismatch": 1, "missing_webhook": 2, "status_mismatch": 1,
+        "unknown_at_provider": 1}
+    page = render(report, "html")
+    assert re.search(r'id=total-open>Open<b>5</b>', page)
+    assert re.search(r'id=total-at-risk>Amount at risk \(open\)<b>4950</b>', page)
+    assert "<svg" in page and "http://" not in page.replace(
+        'xmlns="http://www.w3.org/2000/svg"', "")
+    assert "<script" not in page and "<link" not in page
+    assert "Code 91052: Customer did not confirm in time; retry: yes." in page
+    data = json.loads(render(report, "json"))
+    assert data["schema_version"] == 1 and data["totals"]["open"] == 5
+    table = list(csv.DictReader(io.StringIO(render(report, "csv"))))
+    assert sum(Decimal(r["amount_at_risk"]) for r in table) == Decimal(4950)
+    assert "| missing_webhook | 2 | 0 | 4000 |" in render(report, "md")
+    assert rows(db_url, "SELECT count(*) FROM hookledger.discrepancies") == [(5,)]
+
+
+def test_report_generation_escapes_text_and_ages_open_discrepancies() -> None:
+    now = datetime(2026, 11, 22, 12, tzinfo=UTC)
+    items = [Row("a", "status_mismatch", "Collection", "collection", "<b>x</b>", "d & e",
+                 Decimal("10.5"), "open", now - timedelta(days=2), None),
+             Row("b", "unresolved", "Disbursement", "payout", "P", "d", None, "resolved",
+                 now - timedelta(hours=2), now - timedelta(hours=1))]
+    report = build_report(items, now=now)
+    assert [a["open"] for a in report["aging"]] == [0, 0, 1, 0]
+    assert report["timeline"] == [{"date": "2026-11-20", "detected": 1, "resolved": 0},
+                                  {"date": "2026-11-22", "detected": 1, "resolved": 1}]
+    page = render(report, "html")
+    assert "&lt;b&gt;x&lt;/b&gt;" in page and "<b>x</b>" not in page
