@@ -30,6 +30,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 import psycopg
 
+from bench.loadgen import post_request, run
 from hookledger import migrate
 from hookledger.embedded_postgres import EmbeddedPostgres
 
@@ -67,34 +68,24 @@ def _pct(sorted_ms: list[float], p: float) -> float:
 
 async def _storm(base: str, deliveries: int, copies: int,
                  concurrency: int) -> tuple[list[float], dict[int, int]]:
-    bodies = {n: _body(n) for n in range(deliveries)}
+    """Every delivery id sent ``copies`` times, shuffled, ``concurrency`` at a time.
+
+    Requests are signed and encoded before the clock starts and written on raw keep-alive
+    connections (bench/loadgen.py), so the figures are the server's, not the client's.
+    """
+    host, port = base.removeprefix("http://").split(":")
     sends = [(n, attempt) for n in range(deliveries) for attempt in range(1, copies + 1)]
     random.Random(7).shuffle(sends)  # copies of one id arrive interleaved and concurrently
-    latencies: list[float] = []
+    bodies = {n: _body(n) for n in range(deliveries)}
+    requests = [post_request(host, f"/webhooks/chat/{PHONE}", bodies[n], {
+        "User-Agent": "service-chat-webhook/1.0", "X-Service-Delivery-Id": f"storm-{n}",
+        "X-Service-Attempt": str(attempt), "X-Service-Signature": _sign(bodies[n])})
+        for n, attempt in sends]
+    answers = await run(host, int(port), requests, rate=None, connections=concurrency)
     statuses: dict[int, int] = {}
-    gate = asyncio.Semaphore(concurrency)
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(timeout=30, limits=limits) as client:
-
-        async def send(n: int, attempt: int) -> None:
-            body = bodies[n]
-            headers = {"content-type": "application/json",
-                       "user-agent": "service-chat-webhook/1.0",
-                       "x-service-delivery-id": f"storm-{n}",
-                       "x-service-attempt": str(attempt), "x-service-signature": _sign(body)}
-            async with gate:
-                started = time.perf_counter()
-                try:
-                    answer = await client.post(f"{base}/webhooks/chat/{PHONE}", content=body,
-                                               headers=headers)
-                    status = answer.status_code
-                except httpx.HTTPError:
-                    status = 0
-                latencies.append((time.perf_counter() - started) * 1000)
-            statuses[status] = statuses.get(status, 0) + 1
-
-        await asyncio.gather(*(send(n, a) for n, a in sends))
-    return latencies, statuses
+    for answer in answers:
+        statuses[answer.status] = statuses.get(answer.status, 0) + 1
+    return [a.latency * 1000 for a in answers], statuses
 
 
 def _wait_ready(base: str, proc: subprocess.Popen[bytes]) -> None:

@@ -49,14 +49,18 @@ async def _read_answer(reader: asyncio.StreamReader) -> int:
 async def run(host: str, port: int, requests: Sequence[bytes], *, rate: float | None,
               connections: int = 32,
               on_answer: Callable[[Answer], None] | None = None) -> list[Answer]:
-    """Send every request once; ``rate`` None means as fast as the connections allow."""
-    queue: asyncio.Queue[tuple[int, float] | None] = asyncio.Queue()
+    """Send every request once; ``rate`` None means as fast as the connections allow
+    (closed loop: each latency then counts from the moment its request is written)."""
+    queue: asyncio.Queue[tuple[int, float | None] | None] = asyncio.Queue()
     answers: list[Answer] = []
     start = time.perf_counter()
 
     async def schedule() -> None:
         for i in range(len(requests)):
-            due = start + i / rate if rate else time.perf_counter()
+            if rate is None:
+                queue.put_nowait((i, None))
+                continue
+            due = start + i / rate
             delay = due - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -69,6 +73,8 @@ async def run(host: str, port: int, requests: Sequence[bytes], *, rate: float | 
         try:
             while (item := await queue.get()) is not None:
                 index, due = item
+                if due is None:
+                    due = time.perf_counter()
                 writer.write(requests[index])
                 status = await _read_answer(reader)
                 answer = Answer(index, due, time.perf_counter(), status)

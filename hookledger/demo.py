@@ -29,7 +29,9 @@ from hookledger import logs, migrate
 from hookledger.app import create_app
 from hookledger.database import database
 from hookledger.settings import Settings
+from projections.projector import project_batch
 from reconcile.client import ReferenceClient
+from reconcile.report import build_report, load_rows, render_html
 from reconcile.runner import PassConfig, PassResult, Reconciler
 from sandbox import jsonenc
 from sandbox.cli import state_for
@@ -146,8 +148,45 @@ def _reconciliation(ctx: DemoContext) -> list[str]:
     return lines
 
 
+PROJECTION_COUNTS = [
+    ("payments", "outcome || CASE WHEN recovered THEN ' (recovered)' ELSE '' END"),
+    ("payouts", "outcome"),
+    ("invoices", "status || CASE WHEN settled THEN ' (settled)' ELSE '' END"),
+    ("sms_messages", "status"),
+    ("chat_messages", "status"),
+    ("chat_threads", "CASE WHEN window_open THEN 'window open' ELSE 'window closed' END"),
+]
+
+
+def _projections(ctx: DemoContext) -> list[str]:
+    """What the views show once the projector has applied everything, recoveries included."""
+    async def catch_up() -> None:
+        async with await psycopg.AsyncConnection.connect(ctx.database_url,
+                                                         autocommit=True) as conn:
+            while await project_batch(conn):
+                pass
+    asyncio.run(catch_up())
+    lines = ["projections (SQL views in schema hookledger):"]
+    with psycopg.connect(ctx.database_url) as conn:
+        for view, label in PROJECTION_COUNTS:
+            rows = conn.execute(f"SELECT {label}, count(*) FROM hookledger.{view} "
+                                "GROUP BY 1 ORDER BY 1").fetchall()
+            lines.append(f"  {view:<14}" + ", ".join(f"{name} {n}" for name, n in rows))
+    return lines
+
+
+def _report(ctx: DemoContext) -> list[str]:
+    """The finance person's HTML report, written where it outlives the demo's home."""
+    rows = asyncio.run(load_rows(ctx.database_url, None))
+    html = render_html(build_report(rows, now=datetime.now(UTC)))
+    path = Path.cwd() / "hookledger-demo-report.html"
+    path.write_text(html, encoding="utf-8")
+    return [f"discrepancy report: {path}"]
+
+
 REPORT_STEPS: list[Callable[[DemoContext], list[str]]] = [_deliveries, _ledger,
-                                                          _reconciliation]
+                                                          _reconciliation, _projections,
+                                                          _report]
 
 
 def _run(home: Path, seed: int) -> list[str]:
