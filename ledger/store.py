@@ -8,9 +8,12 @@ commits. Either way a result is returned only for committed (or joined) work.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
+from datetime import datetime
+from types import MappingProxyType
 from typing import Any
+from uuid import UUID
 
 import psycopg
 from psycopg.rows import args_row
@@ -108,7 +111,22 @@ async def append_in(conn: psycopg.AsyncConnection[Any], events: Sequence[NewEven
 async def read_in(conn: psycopg.AsyncConnection[Any], after: int, limit: int, *,
                   facts_only: bool = False) -> list[StoredEvent]:
     """Events after ``after`` in order; ``facts_only`` leaves out bodies and headers."""
+    if facts_only:
+        async with conn.cursor(binary=True) as cur:
+            await cur.execute(_sql("read_facts"), {"after": after, "limit": limit})
+            return [_facts_event(*row) for row in await cur.fetchall()]
     async with conn.cursor(row_factory=args_row(StoredEvent), binary=True) as cur:
-        await cur.execute(_sql("read_facts" if facts_only else "read_from"),
-                          {"after": after, "limit": limit})
+        await cur.execute(_sql("read_from"), {"after": after, "limit": limit})
         return await cur.fetchall()
+
+
+_NO_HEADERS: Mapping[str, str] = MappingProxyType({})
+
+
+def _facts_event(position: int, event_id: UUID, stream: str, event_type: str, source: str,
+                 dedupe_key: str, facts: Mapping[str, Any], received_at: datetime,
+                 recorded_at: datetime, occurred_at: datetime | None, endpoint: str | None,
+                 verified_by: str | None) -> StoredEvent:
+    return StoredEvent(position, event_id, stream, event_type, source, dedupe_key, None, facts,
+                       received_at, recorded_at, occurred_at, None, _NO_HEADERS, endpoint,
+                       verified_by)

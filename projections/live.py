@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import structlog
 
-from projections.projector import project_batch, use_fast_json
+from projections.projector import connect, project_batch
 
 PROJECTOR_LOCK_KEY = 0x686F6F6B70726F6A  # "hookproj"
 NOTIFY_CHANNEL = "hookledger_ledger"
@@ -52,8 +52,7 @@ class LiveProjector:
             await self._sleep(self._standby_retry_s)
 
     async def _session(self) -> None:
-        async with await psycopg.AsyncConnection.connect(self._url, autocommit=True) as conn:
-            use_fast_json(conn)
+        async with await connect(self._url) as conn:
             while not self._stop.is_set():
                 cur = await conn.execute("SELECT pg_try_advisory_lock(%s)",
                                          (PROJECTOR_LOCK_KEY,))

@@ -33,8 +33,10 @@ from ledger.schema import PRIVATE_SCHEMA, metadata
 from ledger.store import append_in, read_in
 from projections.folding import Discrepancy
 from projections.registry import PROJECTIONS, Projection, Row
+from projections.replay_buffer import ReplayBuffer, Spill
 
 Connection = psycopg.AsyncConnection[Any]
+PROJECTIONS_BY_TABLE = {p.table: p for p in PROJECTIONS}
 DISCREPANCY_EVENT = "discrepancy.detected"
 
 
@@ -55,6 +57,18 @@ def discrepancy_event(finding: Finding, now: datetime) -> NewEvent:
     return NewEvent(stream=f"discrepancy:{d.subject}:{d.reference}", event_type=DISCREPANCY_EVENT,
                     source="projector", dedupe_key=d.dedupe_key, payload_json=text,
                     received_at=now, facts=payload, occurred_at=finding.cause.occurred_at)
+
+
+async def connect(url: str) -> Connection:
+    """A connection set up for folding: autocommit, orjson, and sessions in UTC.
+
+    In UTC the driver builds datetimes with ``timezone.utc`` rather than a ``ZoneInfo``,
+    which takes a fifth off reading the ledger (measured); the values are the same instants.
+    """
+    conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
+    await conn.execute("SET TimeZone = 'UTC'")
+    use_fast_json(conn)
+    return conn
 
 
 def use_fast_json(conn: Connection) -> None:
@@ -80,22 +94,25 @@ def _column_types(projection: Projection) -> list[str]:
 
 
 async def store_rows(conn: Connection, schema: str, projection: Projection,
-                     rows: Sequence[Row]) -> None:
+                     rows: Sequence[Row], *, fresh: bool = False) -> None:
     """Upsert rows: binary COPY into a session staging table, then one INSERT ... SELECT.
 
     COPY is PostgreSQL's bulk path: rows are written in binary by the driver's C code, far
-    cheaper than one parameter per value.
+    cheaper than one parameter per value. ``fresh`` rows (the caller knows none of their
+    keys has a row) are copied straight into the table.
     """
     columns = projection.columns
+    target = sql.Identifier(schema, projection.table)
     stage = sql.Identifier(f"stage_{projection.table}")
     names = sql.SQL(", ").join(map(sql.Identifier, columns))
-    await conn.execute(sql.SQL(
-        "CREATE TEMP TABLE IF NOT EXISTS {stage} (LIKE {table} INCLUDING DEFAULTS)").format(
-            stage=stage, table=sql.Identifier(schema, projection.table)))
+    if not fresh:
+        await conn.execute(sql.SQL(
+            "CREATE TEMP TABLE IF NOT EXISTS {stage} (LIKE {table} INCLUDING DEFAULTS)").format(
+                stage=stage, table=target))
     json_positions = [i for i, c in enumerate(columns) if c in projection.json_columns]
     async with conn.cursor() as cur:
         async with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
-                stage, names)) as copy:
+                target if fresh else stage, names)) as copy:
             copy.set_types(_column_types(projection))
             for row in rows:
                 values = [row.get(c) for c in columns]
@@ -103,6 +120,8 @@ async def store_rows(conn: Connection, schema: str, projection: Projection,
                     if values[i] is not None:
                         values[i] = Jsonb(values[i])
                 await copy.write_row(values)
+        if fresh:
+            return
         updates = sql.SQL(", ").join(
             sql.SQL("{} = EXCLUDED.{}").format(sql.Identifier(c), sql.Identifier(c))
             for c in columns if c != projection.key_column)
@@ -114,66 +133,57 @@ async def store_rows(conn: Connection, schema: str, projection: Projection,
         await cur.execute(sql.SQL("TRUNCATE {}").format(stage))
 
 
-class RowCache:
-    """Rows a long replay has already stored, so later batches need not load them again.
-
-    Bounded: the oldest rows are dropped first and loaded again when needed. With
-    ``complete`` (a rebuild, which emptied the tables itself and holds the checkpoint lock),
-    a key neither cached nor dropped is known to have no row, so it is not asked for.
-    """
-
-    def __init__(self, limit: int = 500_000, *, complete: bool = False) -> None:
-        self.limit = limit
-        self.complete = complete
-        self.rows: dict[tuple[str, str], Row] = {}
-        self.dropped: set[tuple[str, str]] = set()
-
-    def remember(self, table: str, rows: Sequence[Row], key_column: str) -> None:
-        for row in rows:
-            self.rows.pop((table, row[key_column]), None)
-            self.rows[(table, row[key_column])] = row
-        excess = len(self.rows) - self.limit
-        if excess > 0:
-            for stale in list(self.rows)[:excess]:
-                del self.rows[stale]
-                self.dropped.add(stale)
-
-    def may_exist(self, table: str, key: str) -> bool:
-        """Whether the database may hold a row this cache does not."""
-        return not self.complete or (table, key) in self.dropped
+def fold_touched(projection: Projection, touched: Sequence[tuple[str, StoredEvent]],
+                 known: dict[str, Row]) -> tuple[dict[str, Row], list[Finding]]:
+    """Fold each (key, event) in order into the row of that key; pure, ``known`` is kept."""
+    changed: dict[str, Row] = {}
+    findings: list[Finding] = []
+    for key, event in touched:
+        new, found = projection.fold(changed.get(key, known.get(key)), event)
+        changed[key] = new
+        if found:
+            findings.extend(Finding(d, event) for d in found)
+    return changed, findings
 
 
 async def apply_events(conn: Connection, events: Sequence[StoredEvent], *,
                        schema: str = PRIVATE_SCHEMA,
                        projections: Sequence[Projection] = PROJECTIONS,
-                       cache: RowCache | None = None) -> list[Finding]:
-    """Fold ``events`` into the projection tables of ``schema``; return what was found."""
+                       buffer: ReplayBuffer | None = None) -> list[Finding]:
+    """Fold ``events`` into the projection tables of ``schema``; return what was found.
+
+    Without ``buffer`` (the live projector) the rows are read and written in this call;
+    with one (a replay) they are held there and written when it spills or drains.
+    """
     findings: list[Finding] = []
     for projection in projections:
         touched = [(key, event) for event in events for key in projection.keys(event)]
         if not touched:
             continue
-        keys = {k for k, _ in touched}
-        known: dict[str, Row] = {}
-        if cache is not None:
-            for key in keys:
-                row = cache.rows.get((projection.table, key))
-                if row is not None:
-                    known[key] = row
-        missing = sorted(k for k in keys - known.keys()
-                         if cache is None or cache.may_exist(projection.table, k))
-        if missing:
-            known.update(await load_rows(conn, schema, projection, missing))
-        changed: dict[str, Row] = {}
-        for key, event in touched:
-            new, found = projection.fold(changed.get(key, known.get(key)), event)
-            changed[key] = new
-            findings.extend(Finding(d, event) for d in found)
-        stored = list(changed.values())
-        await store_rows(conn, schema, projection, stored)
-        if cache is not None:
-            cache.remember(projection.table, stored, projection.key_column)
+        keys = sorted({key for key, _ in touched})
+        if buffer is None:
+            known = await load_rows(conn, schema, projection, keys)
+        else:
+            known, to_load = buffer.known(projection.table, keys)
+            if to_load:
+                known.update(await load_rows(conn, schema, projection, to_load))
+        changed, found = fold_touched(projection, touched, known)
+        findings.extend(found)
+        if buffer is None:
+            await store_rows(conn, schema, projection, list(changed.values()))
+        else:
+            buffer.keep(projection.table, projection.key_column, list(changed.values()))
+    if buffer is not None:
+        await store_spill(conn, schema, buffer.overflow())
     return findings
+
+
+async def store_spill(conn: Connection, schema: str, spill: Spill) -> None:
+    """Write the rows a replay buffer hands out: new ones straight in, others upserted."""
+    for table, rows in spill.fresh.items():
+        await store_rows(conn, schema, PROJECTIONS_BY_TABLE[table], rows, fresh=True)
+    for table, rows in spill.again.items():
+        await store_rows(conn, schema, PROJECTIONS_BY_TABLE[table], rows)
 
 
 CHECKPOINT_NAMES = [p.table for p in PROJECTIONS]
