@@ -7,10 +7,10 @@ INSERT INTO hookledger_private.ledger_events
 SELECT stream, event_type, source, dedupe_key, endpoint, verified_by, raw_body,
        headers::jsonb, payload::jsonb, facts::jsonb, occurred_at, received_at
 FROM unnest(
-    %(stream)s::text[], %(event_type)s::text[], %(source)s::text[], %(dedupe_key)s::text[],
-    %(endpoint)s::text[], %(verified_by)s::text[], %(raw_body)s::bytea[], %(headers)s::text[],
-    %(payload)s::text[], %(facts)s::text[], %(occurred_at)s::timestamptz[],
-    %(received_at)s::timestamptz[]
+    %(stream)b::text[], %(event_type)b::text[], %(source)b::text[], %(dedupe_key)b::text[],
+    %(endpoint)b::text[], %(verified_by)b::text[], %(raw_body)b::bytea[], %(headers)b::text[],
+    %(payload)b::text[], %(facts)b::text[], %(occurred_at)b::timestamptz[],
+    %(received_at)b::timestamptz[]
 ) WITH ORDINALITY AS batch(stream, event_type, source, dedupe_key, endpoint, verified_by,
                            raw_body, headers, payload, facts, occurred_at, received_at, ord)
 ORDER BY ord
