@@ -30,13 +30,14 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 import psycopg
 
+from bench.common import RESULTS as COMMON_RESULTS
 from bench.loadgen import post_request, run
 from hookledger import migrate
 from hookledger.embedded_postgres import EmbeddedPostgres
 
 PHONE = "2557000001"
 SECRET = "bench-chat-secret-0123456789"
-RESULTS = Path(__file__).resolve().parent / "results" / "chat_storm.json"
+RESULTS = COMMON_RESULTS / "chat_storm.json"
 
 
 def _sign(body: bytes) -> str:

@@ -18,7 +18,8 @@ import psycopg
 from hookledger import migrate
 from hookledger.embedded_postgres import EmbeddedPostgres
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(os.environ.get("HOOKLEDGER_BENCH_RESULTS")
+               or Path(__file__).resolve().parent / "results")
 
 
 def machine() -> dict[str, Any]:
@@ -63,7 +64,7 @@ def fresh_database() -> Iterator[str]:
 
 
 def write_results(name: str, figures: dict[str, Any]) -> Path:
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps({"machine": machine(), **figures}, indent=2, default=str))
     return path

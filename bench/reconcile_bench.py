@@ -25,6 +25,7 @@ import psycopg
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.common import RESULTS  # noqa: E402
 from hookledger import migrate  # noqa: E402
 from hookledger.embedded_postgres import EmbeddedPostgres  # noqa: E402
 from reconcile.client import ReferenceClient  # noqa: E402
@@ -124,7 +125,7 @@ def main() -> None:
     print(f"report: {args.discrepancies} discrepancies, build {built:.2f} s, "
           + ", ".join(f"{f} {timings[f]:.2f} s" for f in FORMATS)
           + f"; all formats {total:.2f} s (goal < 10 s)")
-    out = ROOT / "bench" / "results"
+    out = RESULTS
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"reconcile-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}.json"
     path.write_text(json.dumps(figures, indent=2), encoding="utf-8")

@@ -23,6 +23,7 @@ from starlette.routing import Route
 from hookledger.admin_api import admin_routes
 from hookledger.admin_endpoints import ADMIN_ROUTES
 from hookledger.chat_commands import chat_api_factory
+from hookledger.database import libpq_url
 from hookledger.settings import Settings
 from ingest.appender import BatchingAppender
 from ingest.chat_body import PLATFORM_ERROR_CAUSES
@@ -46,6 +47,17 @@ class Runtime:
     store: LedgerStore
     appender: BatchingAppender
     metrics: IngestMetrics
+
+
+def app_from_environment() -> Starlette:
+    """The app of one worker process of ``serve`` with ``HOOKLEDGER_WORKERS`` > 1."""
+    from hookledger.cli import configure_logging, load_settings
+
+    settings = load_settings()
+    configure_logging(settings)
+    if settings.database_url is None:
+        raise RuntimeError("a worker needs HOOKLEDGER_DATABASE_URL from its supervisor")
+    return create_app(settings, libpq_url(settings.database_url))
 
 
 def create_app(settings: Settings, database_url: str) -> Starlette:

@@ -44,10 +44,10 @@ def _fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
 
 
 def _settings() -> Settings:
-    from hookledger.cli import _configure_logging, load_settings
+    from hookledger.cli import configure_logging, load_settings
 
     settings = load_settings()
-    _configure_logging(settings)
+    configure_logging(settings)
     return settings
 
 

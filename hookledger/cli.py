@@ -44,7 +44,7 @@ def _secret_values(settings: Settings) -> list[str]:
     return values
 
 
-def _configure_logging(settings: Settings) -> None:
+def configure_logging(settings: Settings) -> None:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     logs.configure(fmt=settings.log_format, level=settings.log_level,
                    secrets=_secret_values(settings))
@@ -64,7 +64,7 @@ def serve() -> None:
     from hookledger.app import create_app
 
     settings = load_settings()
-    _configure_logging(settings)
+    configure_logging(settings)
     started = time.perf_counter()
     # uvicorn restores and re-raises the signal it caught after its graceful shutdown;
     # with these handlers in place that re-raise is harmless, so the embedded database is
@@ -74,6 +74,9 @@ def serve() -> None:
     try:
         with database(settings) as url:
             migrate.upgrade(url)
+            if settings.workers > 1:
+                _serve_workers(settings, url, started)
+                return
             config = uvicorn.Config(
                 create_app(settings, url), host=settings.host, port=settings.port,
                 log_config=None, access_log=False, lifespan="on",
@@ -87,6 +90,30 @@ def serve() -> None:
     except EmbeddedPostgresError as exc:
         _fail(str(exc))
     log.info("service.exited")
+
+
+def _serve_workers(settings: Settings, url: str, started: float) -> None:
+    """Several worker processes on one listening socket (the kernel spreads connections).
+
+    This process keeps the embedded database (if any) and supervises; each worker builds
+    the app from the environment, with the database URL handed down. Projector and
+    reconciliation elect one leader among them, as among separate ``serve`` processes.
+    """
+    import os
+
+    import uvicorn
+    from uvicorn.supervisors import Multiprocess
+
+    os.environ["HOOKLEDGER_DATABASE_URL"] = url
+    config = uvicorn.Config(
+        "hookledger.app:app_from_environment", factory=True, host=settings.host,
+        port=settings.port, workers=settings.workers, log_config=None, access_log=False,
+        lifespan="on", timeout_graceful_shutdown=30, server_header=False,
+    )
+    sock = config.bind_socket()
+    log.info("service.workers", workers=settings.workers,
+             seconds=round(time.perf_counter() - started, 3))
+    Multiprocess(config, sockets=[sock]).run()
 
 
 def _announce_when_ready(server: Any, settings: Settings, started: float) -> None:
@@ -105,7 +132,7 @@ def _announce_when_ready(server: Any, settings: Settings, started: float) -> Non
 def migrate_command() -> None:
     """Apply the database migrations and exit."""
     settings = load_settings()
-    _configure_logging(settings)
+    configure_logging(settings)
     try:
         with database(settings) as url:
             migrate.upgrade(url)
@@ -128,7 +155,7 @@ def rebuild(verify: bool, batch_size: int) -> None:
     from projections import rebuild as rebuilding
 
     settings = load_settings()
-    _configure_logging(settings)
+    configure_logging(settings)
     try:
         with database(settings) as url:
             migrate.upgrade(url)

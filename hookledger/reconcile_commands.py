@@ -23,10 +23,10 @@ from reconcile.report import FORMATS, render, report_for
 
 
 def _root() -> Settings:
-    from hookledger.cli import _configure_logging, load_settings
+    from hookledger.cli import configure_logging, load_settings
 
     settings = load_settings()
-    _configure_logging(settings)
+    configure_logging(settings)
     return settings
 
 

@@ -106,6 +106,7 @@ class Settings(BaseSettings):
     log_level: str = Field(default="info", pattern="^(debug|info|warning|error)$")
     embedded_os_user: str = "hookledger"
     db_pool_size: int = Field(default=10, gt=0)
+    workers: int = Field(default=1, gt=0, le=64)
     append_max_batch: int = Field(default=256, gt=0)
     append_max_wait_ms: float = Field(default=0.0, ge=0)
     projector_batch_size: int = Field(default=1000, gt=0)

@@ -26,11 +26,12 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def hookledger(home: Path, *args: str, port: int | None = None,
+def hookledger(home: Path, *args: str, port: int | None = None, workers: int = 1,
                **popen: object) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKLEDGER_")}
     env.update(HOOKLEDGER_HOME=str(home), HOOKLEDGER_GENERAL_SECRETS="main=proc-secret",
-               HOOKLEDGER_PORT=str(port or free_port()), HOOKLEDGER_LOG_FORMAT="json")
+               HOOKLEDGER_PORT=str(port or free_port()), HOOKLEDGER_LOG_FORMAT="json",
+               HOOKLEDGER_WORKERS=str(workers))
     return subprocess.Popen([sys.executable, "-m", "hookledger", *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)  # type: ignore[call-overload]
 
@@ -87,6 +88,39 @@ def test_serve_on_a_fresh_home_accepts_a_delivery_and_exits_cleanly(tmp_path: Pa
         code = stop(proc)
     assert code == 0, proc.stderr.read().decode() if proc.stderr else ""
     assert not postgres_running(home), "the embedded server outlived the service"
+
+
+def test_workers_share_one_socket_one_ledger_and_stop_with_the_supervisor(
+        tmp_path: Path) -> None:
+    home = tmp_path / "workers-home"
+    port = free_port()
+    proc = hookledger(home, "serve", port=port, workers=2)
+    try:
+        wait_ready(port, proc)
+        bodies = [encode(general_body("payment.confirmed", 91000, reference=f"R-W{i}"))
+                  for i in range(40)]
+        with httpx.Client() as client:  # new connections: the kernel spreads them
+            for raw in bodies + bodies[:10]:  # ten repeats, deduplicated whichever worker
+                answer = client.post(
+                    f"http://127.0.0.1:{port}/webhooks/general/main", content=raw,
+                    headers={"x-service-signature": general_header("proc-secret", raw),
+                             "connection": "close"})
+                assert answer.status_code == 200
+        workers = {int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+                   .read_text().split()}
+        assert len(workers) >= 2
+        url = subprocess.run([sys.executable, "-m", "hookledger", "db", "url"],
+                             env={**os.environ, "HOOKLEDGER_HOME": str(home)},
+                             capture_output=True, text=True, check=True).stdout.strip()
+        with psycopg.connect(url) as conn:
+            assert conn.execute("SELECT count(*) FROM hookledger.ledger").fetchone() == (40,)
+    finally:
+        code = stop(proc)
+    assert code == 0, proc.stderr.read().decode() if proc.stderr else ""
+    assert not postgres_running(home), "the embedded server outlived the workers"
+    for pid in workers:
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(
+            f"/proc/{pid}/status").read_text(), "a worker outlived its supervisor"
 
 
 def test_two_processes_share_one_embedded_server_and_the_last_stops_it(tmp_path: Path) -> None:

@@ -1,0 +1,126 @@
+"""Every benchmark, one after the other, then one table: ``python -m bench [--smoke]``.
+
+Each benchmark runs in its own process (a clean interpreter, its own database) and writes
+its JSON to ``bench/results/``; this collects them into ``bench/results/summary.json`` with
+the machine's description and prints the table. ``--smoke`` runs every one at a size that
+takes seconds: it proves the benchmarks run and count correctly, not how fast anything is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import RESULTS, machine
+
+FULL: dict[str, list[str]] = {
+    "ingest": [],
+    "projections": [],
+    "reconcile": [],
+    "chat_storm": [],
+}
+SMOKE: dict[str, list[str]] = {
+    "ingest": ["--seconds", "1", "--scale-events", "20000", "--fixed-rate", "200",
+               "--fixed-seconds", "1", "--soak-seconds", "1"],
+    "projections": ["--events", "3000", "--rate", "100", "--seconds", "1"],
+    "reconcile": ["--expectations", "200", "--discrepancies", "500", "--latency-ms", "5"],
+    "chat_storm": ["--deliveries", "50", "--copies", "3", "--concurrency", "8"],
+}
+MODULES = {"ingest": "bench.ingest_bench", "projections": "bench.projections_bench",
+           "reconcile": "bench.reconcile_bench", "chat_storm": "bench.chat_storm"}
+
+
+def latest(pattern: str) -> dict[str, Any]:
+    files = sorted(RESULTS.glob(pattern), key=lambda p: p.stat().st_mtime)
+    return json.loads(files[-1].read_text()) if files else {}
+
+
+def collect() -> dict[str, Any]:
+    return {"ingest": latest("ingest.json"), "projections": latest("projections.json"),
+            "reconcile": latest("reconcile-*.json"), "chat_storm": latest("chat_storm.json")}
+
+
+def table(results: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(figure, measured, goal) rows from whatever the benchmarks wrote."""
+    rows: list[tuple[str, str, str]] = []
+    ingest = results.get("ingest") or {}
+    for load in ingest.get("loads", []):
+        rows.append((f"{load['label']}: req/s, p50/p99 ms",
+                     f"{load['req_per_s']:,}, {load['p50_ms']}/{load['p99_ms']}", ""))
+    if ingest:
+        rows.append(("ingest: hookledger / bare endpoint", f"{ingest['ratio_vs_bare']}x",
+                     ">= 1.5x"))
+        if "scaled_vs_empty" in ingest:
+            rows.append(("ingest: large ledger / empty ledger",
+                         f"{ingest['scaled_vs_empty']}x", ">= 0.9x"))
+        for name, (found, acked) in ingest.get("checks", {}).items():
+            rows.append((f"check {name}", f"{found:,} stored / {acked:,} acknowledged",
+                         "stored >= acknowledged"))
+        memory = ingest.get("memory", {})
+        for name, value in memory.items():
+            rows.append((f"memory {name}", f"{value:.0f} MiB" if isinstance(value, float)
+                         else str(value), "< 300 MiB, not growing"))
+        if "ready_seconds" in ingest:
+            rows.append(("serve ready on a fresh home", f"{ingest['ready_seconds']} s",
+                         "< 10 s"))
+    proj = results.get("projections") or {}
+    if proj:
+        rows.append((f"projector, live ({proj['events']:,} events)",
+                     f"{proj['live_projector_events_per_s']:,} events/s", ""))
+        rows.append(("rebuild", f"{proj['rebuild_events_per_s']:,} events/s",
+                     ">= 20,000 events/s"))
+        lag = proj.get("lag", {})
+        rows.append((f"commit-to-view lag at {lag.get('achieved_rate')}/s, p50/p99",
+                     f"{lag.get('lag_p50_ms')}/{lag.get('lag_p99_ms')} ms", "p99 <= 500 ms"))
+    rec = results.get("reconcile") or {}
+    if rec:
+        rows.append((f"reconcile {rec['expectations']:,} expectations "
+                     f"({rec['latency_ms']} ms API latency)",
+                     f"{rec['reconcile_seconds']} s ({rec['reconcile_per_s']}/s)", "< 60 s"))
+        rows.append((f"report of {rec['discrepancies']:,} discrepancies, all formats",
+                     f"{rec['report_total_seconds']} s", "< 10 s"))
+    chat = results.get("chat_storm") or {}
+    if chat:
+        rows.append((f"chat retry storm ({chat['requests']:,} requests), req/s, p99 ms",
+                     f"{chat['requests_per_s']:,}, {chat['latency_ms']['p99']}",
+                     "ledger = distinct ids"))
+        rows.append(("chat storm exactly once", str(chat["exactly_once"]), "True"))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes: seconds, not minutes")
+    parser.add_argument("--only", choices=sorted(MODULES), action="append")
+    args = parser.parse_args()
+    sizes = SMOKE if args.smoke else FULL
+    started = time.perf_counter()
+    failed = []
+    for name in args.only or list(MODULES):
+        print(f"== {name}", flush=True)
+        code = subprocess.call([sys.executable, "-m", MODULES[name], *sizes[name]],
+                               cwd=Path(__file__).resolve().parent.parent)
+        if code:
+            failed.append(name)
+    results = collect()
+    rows = table(results)
+    width = max((len(r[0]) for r in rows), default=10)
+    print(f"\n{'figure':{width}}  {'measured':32}  goal")
+    for figure, measured, goal in rows:
+        print(f"{figure:{width}}  {measured:32}  {goal}")
+    summary = {"machine": machine(), "smoke": args.smoke, "rows": rows, "results": results,
+               "seconds": round(time.perf_counter() - started, 1)}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    print(f"written {RESULTS / 'summary.json'}")
+    if failed:
+        sys.exit(f"failed: {', '.join(failed)}")
+
+
+if __name__ == "__main__":
+    main()

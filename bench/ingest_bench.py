@@ -1,0 +1,420 @@
+"""Ingest side by side with the bare endpoint, on the same PostgreSQL, in the same run.
+
+    python -m bench.ingest_bench [--seconds 15] [--connections 64] [--scale-events 5000000]
+
+1. **throughput**: wrk (64 connections, pre-signed distinct 1 KB deliveries, each sent once)
+   against the bare endpoint (``bench/bare_endpoint.py``, 2 uvicorn workers, one INSERT per
+   request), then against ``hookledger serve``: req/s, p50/p99, and the ratio. Then the
+   ledger is counted against the number of 2xx answers: every acknowledged delivery must
+   be there, once.
+2. **latency at a fixed rate**: both at a steady 1,000 req/s (open loop, from this process).
+3. **scaling**: the ledger is filled to ``--scale-events`` events (server side, through the
+   ledger's own trigger) and hookledger is measured again.
+4. **memory**: hookledger's resident memory, sampled during the loads, and before and
+   after a soak at a steady rate (``--soak-seconds``, 10 minutes by default).
+5. **start-up**: ``hookledger serve`` on a fresh home, embedded database included, until
+   ``/readyz`` answers 200.
+
+wrk comes from the distribution (``apt-get install wrk``); without it the load comes from
+``bench/loadgen.py`` in this process, and the table says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import hmac
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+
+from bench.bare_endpoint import TABLE_DDL
+from bench.common import fresh_database
+from bench.loadgen import percentile, post_request, run
+from bench.projections_bench import free_port
+
+SECRET = "bench-secret"
+PATH = "/webhooks/general/main"
+LUA = Path(__file__).with_name("wrk_presigned.lua")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def delivery(tag: str, i: int) -> bytes:
+    """A distinct, realistic collection webhook of about 1 KB."""
+    return json.dumps({
+        "timestamp": "20261122083000", "reference": f"{tag}-{i:09d}",
+        "customerReference": f"order-{i}", "amount": 1000 + i % 97_000, "type": "CHARGE",
+        "merchantAccountId": "merchant-account-0001", "status": "SUCCESSFUL",
+        "customer": {"firstname": "Asha", "lastname": "Mushi",
+                     "phoneNumber": "255712345678", "mno": "Operator"},
+        "transactionId": f"TX{i:012d}", "event": "payment.confirmed",
+        "service": "Collection", "code": 91000,
+        "message": "Payment received for order " + "x" * 300,
+        "narration": "Goods and services, order lines " + "y" * 240,
+    }, separators=(",", ":")).encode()
+
+
+def signature(raw: bytes) -> str:
+    return "sha256=" + hmac.new(SECRET.encode(), raw, hashlib.sha256).hexdigest()
+
+
+def write_presigned(folder: Path, tag: str, count: int, threads: int) -> str:
+    """Files of ``signature<TAB>body`` lines, one per wrk thread; returns their prefix."""
+    prefix = folder / tag
+    files = [open(f"{prefix}.{t}", "wb") for t in range(threads)]
+    try:
+        for i in range(count):
+            raw = delivery(tag, i)
+            files[i % threads].write(signature(raw).encode() + b"\t" + raw + b"\n")
+    finally:
+        for f in files:
+            f.close()
+    return str(prefix)
+
+
+@dataclass
+class Load:
+    label: str
+    requests: int
+    ok: int
+    seconds: float
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+    generator: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def rate(self) -> float:
+        return self.ok / self.seconds if self.seconds else 0.0
+
+
+def wrk_load(label: str, port: int, prefix: str, seconds: float, connections: int,
+             threads: int) -> Load:
+    out = subprocess.run(
+        ["wrk", f"-t{threads}", f"-c{connections}", f"-d{max(1, round(seconds))}s",
+         "--timeout", "10s", "-s", str(LUA), f"http://127.0.0.1:{port}", "--", prefix, PATH],
+        check=True, capture_output=True, text=True).stdout
+    line = next(x for x in out.splitlines() if x.startswith("{"))
+    r = json.loads(line)
+    if r["exhausted"]:
+        raise RuntimeError(f"{label}: wrk ran out of distinct deliveries; raise the count")
+    errors = r["connect_errors"] + r["read_errors"] + r["write_errors"] + r["timeouts"]
+    return Load(label, r["requests"], r["ok"], r["duration_us"] / 1e6, r["p50_us"] / 1000,
+                r["p99_us"] / 1000, r["max_us"] / 1000, "wrk",
+                {"refused": r["refused"], "socket_errors": errors})
+
+
+def python_load(label: str, port: int, bodies: list[bytes], *, rate: float | None,
+                connections: int) -> Load:
+    requests = [post_request("127.0.0.1", PATH, raw, {"X-Service-Signature": signature(raw)})
+                for raw in bodies]
+    started = time.perf_counter()
+    answers = asyncio.run(run("127.0.0.1", port, requests, rate=rate, connections=connections))
+    seconds = time.perf_counter() - started
+    latencies = [a.latency for a in answers]
+    ok = sum(1 for a in answers if 200 <= a.status < 300)
+    return Load(label, len(answers), ok, seconds, percentile(latencies, 0.5) * 1000,
+                percentile(latencies, 0.99) * 1000, max(latencies) * 1000,
+                "loadgen (open loop)" if rate else "loadgen")
+
+
+def wait_listening(port: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1)
+            return
+        except httpx.TransportError:
+            time.sleep(0.1)
+    raise RuntimeError(f"nothing answered on port {port}")
+
+
+@contextmanager
+def process(argv: list[str], env: dict[str, str], port: int) -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(argv, env={**os.environ, **env}, cwd=ROOT)
+    try:
+        wait_listening(port)
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def bare_endpoint(url: str, port: int, workers: int = 2) -> Any:
+    return process([sys.executable, "-m", "uvicorn", "bench.bare_endpoint:app",
+                    "--port", str(port), "--workers", str(workers), "--no-access-log",
+                    "--log-level", "warning"],
+                   {"BARE_DATABASE_URL": url, "BARE_SECRET": SECRET}, port)
+
+
+def hookledger(url: str, port: int, home: Path, extra: dict[str, str] | None = None) -> Any:
+    return process([sys.executable, "-m", "hookledger", "serve"],
+                   {"HOOKLEDGER_DATABASE_URL": url, "HOOKLEDGER_PORT": str(port),
+                    "HOOKLEDGER_HOME": str(home), "HOOKLEDGER_GENERAL_SECRETS": f"main={SECRET}",
+                    "HOOKLEDGER_LOG_LEVEL": "warning", **(extra or {})}, port)
+
+
+class RssSampler:
+    """Peak resident memory of a process and its children, sampled every 100 ms."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.samples: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.1):
+            self.samples.append(rss_kib(self.pid))
+
+    @property
+    def peak_mib(self) -> float:
+        return max(self.samples, default=0) / 1024
+
+
+def rss_kib(pid: int) -> int:
+    total = 0
+    pids = [pid]
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    if children.exists():
+        pids += [int(p) for p in children.read_text().split()]
+    for p in pids:
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except FileNotFoundError:
+            pass
+    return total
+
+
+def ledger_count(url: str, tag: str) -> int:
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT count(*) FROM hookledger.ledger WHERE source = 'general' "
+                           "AND stream LIKE %s", (f"%{tag}-%",)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def bare_count(url: str) -> int:
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT count(*) FROM bare_deliveries").fetchone()
+    return int(row[0]) if row else 0
+
+
+def fill_ledger(url: str, target: int) -> float:
+    """Grow the ledger to ``target`` events server side: copies of real deliveries with new
+    references, each through the ledger's trigger. The projector's checkpoint is moved to
+    the end so that the measured service does not spend the run catching up."""
+    started = time.perf_counter()
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM hookledger_private.ledger_events").fetchone()
+        have = int(row[0]) if row else 0
+        step, round_no = 250_000, 0
+        while have < target:
+            n = min(step, target - have)
+            round_no += 1
+            conn.execute("""
+                INSERT INTO hookledger_private.ledger_events
+                    (stream, event_type, source, dedupe_key, endpoint, verified_by, raw_body,
+                     headers, payload, facts, occurred_at, received_at)
+                SELECT t.stream || ':f' || %(r)s || '-' || g, t.event_type, t.source,
+                       t.dedupe_key || ':f' || %(r)s || '-' || g, t.endpoint, t.verified_by,
+                       t.raw_body, t.headers, t.payload, t.facts, t.occurred_at, t.received_at
+                FROM (SELECT * FROM hookledger_private.ledger_events ORDER BY position
+                      LIMIT 1) t, generate_series(1, %(n)s) g""", {"r": round_no, "n": n})
+            have += n
+            print(f"  ledger filled to {have:,} events", flush=True)
+        conn.execute("UPDATE hookledger_private.projection_checkpoints SET position = "
+                     "(SELECT max(position) FROM hookledger_private.ledger_events)")
+        conn.execute("VACUUM ANALYZE hookledger_private.ledger_events")
+    return time.perf_counter() - started
+
+
+def ready_seconds() -> float:
+    """From starting ``serve`` on a fresh home (embedded database) to ``/readyz`` = 200."""
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="hookledger-fresh-") as home:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKLEDGER_")}
+        env.update(HOOKLEDGER_HOME=home, HOOKLEDGER_PORT=str(port),
+                   HOOKLEDGER_LOG_LEVEL="warning")
+        started = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-m", "hookledger", "serve"], env=env,
+                                cwd=ROOT)
+        try:
+            while time.perf_counter() - started < 120:
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/readyz",
+                                 timeout=1).status_code == 200:
+                        return time.perf_counter() - started
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.02)
+            raise RuntimeError("serve was not ready within 120 s")
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+
+
+def measure(seconds: float, connections: int, scale_events: int, fixed_rate: int,
+            fixed_seconds: float, soak_seconds: float, soak_rate: int,
+            generator: str = "auto", workers: int = 2) -> dict[str, Any]:
+    threads = 2
+    use_wrk = generator == "wrk" or (generator == "auto" and shutil.which("wrk") is not None)
+    ceiling = 25_000  # req/s no contender reaches here; sizes the pre-signed sets
+    per_run = int(ceiling * seconds)
+    service = {"HOOKLEDGER_WORKERS": str(workers)}
+    rows: list[Load] = []
+    checks: dict[str, Any] = {}
+    memory: dict[str, float] = {}
+    with fresh_database() as url, tempfile.TemporaryDirectory(prefix="hookledger-ingest-") as tmp:
+        folder = Path(tmp)
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(TABLE_DDL)
+
+        def load(label: str, port: int, tag: str, count: int) -> Load:
+            duration = seconds if count == per_run else max(1.0, seconds / 4)
+            if use_wrk:
+                prefix = write_presigned(folder, tag, count, threads)
+                result = wrk_load(label, port, prefix, duration, connections, threads)
+                for t in range(threads):
+                    os.unlink(f"{prefix}.{t}")
+                return result
+            return python_load(label, port, [delivery(tag, i) for i in range(count)],
+                               rate=None, connections=connections)
+
+        def fixed(label: str, port: int, tag: str) -> Load:
+            bodies = [delivery(tag, i) for i in range(int(fixed_rate * fixed_seconds))]
+            return python_load(label, port, bodies, rate=fixed_rate, connections=32)
+
+        port = free_port()
+        with bare_endpoint(url, port):
+            load("warm-up", port, "BW", per_run // 4 if use_wrk else 2000)
+            before = bare_count(url)
+            bare = load("bare endpoint (2 workers, INSERT per request)", port, "BB", per_run)
+            checks["bare_rows_vs_2xx"] = [bare_count(url) - before, bare.ok]
+            rows.append(bare)
+            rows.append(fixed(f"bare endpoint at {fixed_rate}/s", port, "BF"))
+
+        port = free_port()
+        with tempfile.TemporaryDirectory(prefix="hookledger-home-") as home, \
+                hookledger(url, port, Path(home), service) as proc, \
+                RssSampler(proc.pid) as rss:
+            load("warm-up", port, "HW", per_run // 4 if use_wrk else 2000)
+            ours = load(f"hookledger ({workers} workers, empty ledger)", port, "HM", per_run)
+            rows.append(ours)
+            checks["ledger_vs_2xx"] = [ledger_count(url, "HM"), ours.ok]
+            rows.append(fixed(f"hookledger at {fixed_rate}/s", port, "HF"))
+            checks["ledger_vs_2xx_fixed_rate"] = [ledger_count(url, "HF"), rows[-1].ok]
+            memory["peak_rss_under_load_mib"] = rss.peak_mib
+            memory["rss_before_soak_mib"] = rss_kib(proc.pid) / 1024
+            soak = [delivery("HS", i) for i in range(int(soak_rate * soak_seconds))]
+            soaked = python_load(f"hookledger soak at {soak_rate}/s for {soak_seconds:.0f} s",
+                                 port, soak, rate=soak_rate, connections=16)
+            time.sleep(1)
+            memory["rss_after_soak_mib"] = rss_kib(proc.pid) / 1024
+            memory["peak_rss_mib"] = rss.peak_mib
+            rows.append(soaked)
+            checks["ledger_vs_2xx_soak"] = [ledger_count(url, "HS"), soaked.ok]
+
+        if scale_events:
+            print(f"filling the ledger to {scale_events:,} events...", flush=True)
+            fill_s = fill_ledger(url, scale_events)
+            print(f"  filled in {fill_s:.0f} s", flush=True)
+            port = free_port()
+            with tempfile.TemporaryDirectory(prefix="hookledger-home-") as home, \
+                    hookledger(url, port, Path(home), service):
+                load("warm-up", port, "SW", per_run // 4 if use_wrk else 2000)
+                scaled = load(f"hookledger ({workers} workers, {scale_events:,} events in "
+                              "the ledger)", port,
+                              "SM", per_run)
+                rows.append(scaled)
+                checks["ledger_vs_2xx_scaled"] = [ledger_count(url, "SM"), scaled.ok]
+    ratio = ours.rate / bare.rate if bare.rate else 0.0
+    figures: dict[str, Any] = {
+        "ready_seconds": round(ready_seconds(), 2),
+        "generator": "wrk" if use_wrk else "loadgen", "connections": connections,
+        "seconds": seconds, "body_bytes": len(delivery("HM", 0)),
+        "loads": [{"label": r.label, "requests": r.requests, "ok": r.ok,
+                   "req_per_s": round(r.rate), "p50_ms": round(r.p50_ms, 2),
+                   "p99_ms": round(r.p99_ms, 2), "max_ms": round(r.max_ms, 2),
+                   "generator": r.generator, **r.extra} for r in rows],
+        "ratio_vs_bare": round(ratio, 2), "checks": checks, "memory": memory,
+    }
+    if scale_events:
+        figures["scaled_vs_empty"] = round(rows[-1].rate / ours.rate, 2) if ours.rate else 0
+    return figures
+
+
+def print_table(figures: dict[str, Any]) -> None:
+    print(f"\n{'load':58} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'2xx':>9}")
+    for r in figures["loads"]:
+        print(f"{r['label']:58} {r['req_per_s']:>8,} {r['p50_ms']:>8} {r['p99_ms']:>8} "
+              f"{r['ok']:>9,}")
+    print(f"hookledger / bare endpoint: {figures['ratio_vs_bare']}x")
+    if "scaled_vs_empty" in figures:
+        print(f"with a large ledger / empty: {figures['scaled_vs_empty']}x")
+    for name, (found, acked) in figures["checks"].items():
+        # wrk stops mid-flight: a request stored but not yet answered is stored and not
+        # counted, so "every acknowledged one is stored" is found >= acknowledged
+        print(f"{name}: {found:,} stored for {acked:,} acknowledged "
+              f"({'ok' if found >= acked else 'MISSING'})")
+    memory = figures["memory"]
+    print(f"hookledger RSS: peak {memory['peak_rss_mib']:.0f} MiB; before soak "
+          f"{memory['rss_before_soak_mib']:.0f} MiB, after {memory['rss_after_soak_mib']:.0f} MiB")
+    print(f"serve ready on a fresh home in {figures['ready_seconds']} s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=15)
+    parser.add_argument("--connections", type=int, default=64)
+    parser.add_argument("--scale-events", type=int, default=5_000_000)
+    parser.add_argument("--fixed-rate", type=int, default=1000)
+    parser.add_argument("--fixed-seconds", type=float, default=10)
+    parser.add_argument("--soak-seconds", type=float, default=600)
+    parser.add_argument("--soak-rate", type=int, default=500)
+    parser.add_argument("--workers", type=int, default=2,
+                        help="hookledger's HOOKLEDGER_WORKERS (the baseline runs 2)")
+    parser.add_argument("--generator", choices=["auto", "wrk", "loadgen"], default="auto",
+                        help="auto: wrk when installed, else bench/loadgen.py")
+    args = parser.parse_args()
+    figures = measure(args.seconds, args.connections, args.scale_events, args.fixed_rate,
+                      args.fixed_seconds, args.soak_seconds, args.soak_rate, args.generator,
+                      args.workers)
+    print_table(figures)
+    from bench.common import write_results
+    print("written", write_results("ingest", figures))
+    missing = [name for name, (found, acked) in figures["checks"].items() if found < acked]
+    idle = [r["label"] for r in figures["loads"] if r["ok"] == 0]
+    if missing or idle:
+        sys.exit(f"acknowledged deliveries missing: {missing}; loads with no 2xx: {idle}")
+
+
+if __name__ == "__main__":
+    main()

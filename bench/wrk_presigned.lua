@@ -1,0 +1,63 @@
+-- wrk script: replay pre-signed deliveries, each exactly once.
+--   wrk ... -s bench/wrk_presigned.lua URL -- FILE_PREFIX PATH
+-- Thread i reads FILE_PREFIX.i (lines "signature<TAB>body"), so every request is distinct:
+-- hookledger deduplicates and the baseline does not, so a repeat would skew the counts.
+-- At the end it prints one JSON line with the 2xx count and the latency percentiles (us).
+
+local threads = {}
+local counter = 0
+
+function setup(thread)
+  thread:set("id", counter)
+  counter = counter + 1
+  table.insert(threads, thread)
+end
+
+function init(args)
+  local prefix, path = args[1], args[2]
+  requests = {}
+  for line in io.lines(prefix .. "." .. id) do
+    local signature, body = line:match("^([^\t]+)\t(.*)$")
+    requests[#requests + 1] = wrk.format("POST", path, {
+      ["Content-Type"] = "application/json",
+      ["X-Service-Signature"] = signature,
+    }, body)
+  end
+  sent, ok, refused, exhausted = 0, 0, 0, 0
+end
+
+function request()
+  sent = sent + 1
+  if sent > #requests then
+    -- out of distinct deliveries: stop this thread rather than send a repeat
+    exhausted = 1
+    wrk.thread:stop()
+    return wrk.format("GET", "/wrk-exhausted")
+  end
+  return requests[sent]
+end
+
+function response(status, headers, body)
+  if status >= 200 and status < 300 then
+    ok = ok + 1
+  else
+    refused = refused + 1
+  end
+end
+
+function done(summary, latency, requests)
+  local total_ok, total_refused, any_exhausted = 0, 0, 0
+  for _, thread in ipairs(threads) do
+    total_ok = total_ok + thread:get("ok")
+    total_refused = total_refused + thread:get("refused")
+    any_exhausted = math.max(any_exhausted, thread:get("exhausted"))
+  end
+  io.write(string.format(
+    '{"requests": %d, "ok": %d, "refused": %d, "exhausted": %d, "duration_us": %d, ' ..
+    '"connect_errors": %d, "read_errors": %d, "write_errors": %d, "timeouts": %d, ' ..
+    '"p50_us": %d, "p90_us": %d, "p99_us": %d, "max_us": %d}\n',
+    summary.requests, total_ok, total_refused, any_exhausted, summary.duration,
+    summary.errors.connect, summary.errors.read, summary.errors.write,
+    summary.errors.timeout, latency:percentile(50), latency:percentile(90),
+    latency:percentile(99), latency.max))
+end

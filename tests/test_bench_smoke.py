@@ -1,0 +1,39 @@
+"""The benchmarks run from a checkout and count correctly (``python -m bench --smoke``).
+
+Sizes are tiny: this proves the harness works (servers start, loads run, every
+acknowledged delivery is found), not how fast anything is; figures come from full runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_every_benchmark_runs_at_smoke_size_and_counts_what_it_acknowledged(
+        tmp_path: Path) -> None:
+    env = {**os.environ, "HOOKLEDGER_BENCH_RESULTS": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "bench", "--smoke"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    results = json.loads((tmp_path / "summary.json").read_text())["results"]
+
+    ingest = results["ingest"]
+    assert {load["label"].split(" (")[0] for load in ingest["loads"]} >= {
+        "bare endpoint", "hookledger"}
+    assert all(load["ok"] > 0 for load in ingest["loads"])
+    for name, (stored, acknowledged) in ingest["checks"].items():
+        assert acknowledged > 0 and stored >= acknowledged, name
+    assert ingest["ready_seconds"] > 0 and ingest["memory"]["peak_rss_mib"] > 0
+
+    projections = results["projections"]
+    assert projections["events"] == 3000 and projections["rebuild_events_per_s"] > 0
+    assert projections["lag"]["acknowledged"] == projections["lag"]["sent"]
+
+    assert results["reconcile"]["checked"] == 200
+    assert results["chat_storm"]["exactly_once"] is True
