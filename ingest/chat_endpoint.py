@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 import structlog
 from psycopg_pool import AsyncConnectionPool
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 
 from ingest import chat_signature, responses
 from ingest.appender import BatchingAppender
@@ -79,7 +79,7 @@ class ChatEndpoint:
         self._metrics = metrics
         self._error_causes = dict(error_causes)
 
-    async def __call__(self, request: Request) -> JSONResponse:
+    async def __call__(self, request: Request) -> Response:
         received_at = datetime.now(UTC)
         phone_number_id = request.path_params["phone_number_id"]
         endpoint = f"chat/{phone_number_id[:MAX_PHONE_NUMBER_ID * 2]}"

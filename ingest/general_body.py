@@ -45,7 +45,6 @@ from ingest.errors import BodyError
 
 UNRECOGNISED_EVENT_TYPE = "general.unrecognised"
 VOLATILE_FIELDS = frozenset({"payloadSignature", "message", "timestamp"})
-TIMESTAMP_FORMAT = "%Y%m%d%H%M%S"
 MAX_TEXT = 512  # a reference or name longer than this is not a real one
 
 
@@ -134,13 +133,13 @@ def _object(body: dict[str, Any], key: str) -> dict[str, Any] | None:
 
 def parse_timestamp(raw: str, zone: ZoneInfo) -> datetime:
     """``yyyymmddHHMMss`` in the provider's zone, as an aware datetime."""
-    if len(raw) != 14 or not raw.isdigit():
+    if len(raw) != 14 or not (raw.isascii() and raw.isdigit()):
         raise BodyError("invalid_field", "timestamp must be yyyymmddHHMMss")
-    try:
-        naive = datetime.strptime(raw, TIMESTAMP_FORMAT)
+    try:  # slicing, not strptime: a tenth of the cost, on every delivery
+        return datetime(int(raw[0:4]), int(raw[4:6]), int(raw[6:8]), int(raw[8:10]),
+                        int(raw[10:12]), int(raw[12:14]), tzinfo=zone)
     except ValueError as exc:
         raise BodyError("invalid_field", "timestamp is not a real date and time") from exc
-    return naive.replace(tzinfo=zone)
 
 
 def _transaction_id(body: dict[str, Any]) -> str | None:

@@ -15,7 +15,7 @@ from zoneinfo import ZoneInfo
 import structlog
 from psycopg_pool import AsyncConnectionPool
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 
 from ingest import general_signature, responses
 from ingest.appender import BatchingAppender
@@ -47,7 +47,7 @@ class GeneralEndpoint:
         self._pool = pool
         self._metrics = metrics
 
-    async def __call__(self, request: Request) -> JSONResponse:
+    async def __call__(self, request: Request) -> Response:
         received_at = datetime.now(UTC)
         name = request.path_params["name"]
         endpoint = f"general/{name}"

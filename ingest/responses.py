@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 
 from ledger import AppendResult
 
 
-def accepted(result: AppendResult) -> JSONResponse:
-    return JSONResponse(
-        {"status": "accepted", "duplicate": result.duplicate, "position": result.position}
-    )
+def accepted(result: AppendResult) -> Response:
+    """The hot path's answer, written out directly: the same JSON as JSONResponse gives,
+    without a json.dumps per delivery."""
+    duplicate = "true" if result.duplicate else "false"
+    return Response(
+        f'{{"status":"accepted","duplicate":{duplicate},"position":{int(result.position)}}}',
+        media_type="application/json")
 
 
 def refused(status: int, reason: str) -> JSONResponse:
