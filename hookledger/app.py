@@ -33,6 +33,8 @@ from ingest.chat_rotation import ChatOps
 from ingest.chat_secrets import ChatSecretStore
 from ingest.general_endpoint import GeneralEndpoint
 from ingest.metrics import IngestMetrics
+from ingest.spool import Spool
+from ingest.spool_drain import SpoolDrainer
 from ledger import LedgerStore
 from projections.live import LiveProjector
 
@@ -47,6 +49,7 @@ class Runtime:
     store: LedgerStore
     appender: BatchingAppender
     metrics: IngestMetrics
+    spool: Spool
 
 
 def app_from_environment() -> Starlette:
@@ -75,12 +78,18 @@ def create_app(settings: Settings, database_url: str) -> Starlette:
             )
             await pool.open(wait=True, timeout=30)
             stack.push_async_callback(pool.close)
-            store = LedgerStore(pool)
+            store = LedgerStore(pool, acquire_timeout_s=settings.append_timeout_s)
+            spool = Spool(settings.home / "spool")
+            stack.callback(spool.close)
+            drainer = SpoolDrainer(spool, store.append)
+            drainer.start()
+            stack.push_async_callback(drainer.stop)
             appender = BatchingAppender(store.append, max_batch=settings.append_max_batch,
-                                        max_wait_s=settings.append_max_wait_ms / 1000)
+                                        max_wait_s=settings.append_max_wait_ms / 1000,
+                                        spool=spool, on_spooled=drainer.nudge)
             appender.start()
             stack.push_async_callback(appender.close)
-            holder["runtime"] = Runtime(pool, store, appender, metrics)
+            holder["runtime"] = Runtime(pool, store, appender, metrics, spool)
             app.state.runtime = holder["runtime"]
             app.state.general = GeneralEndpoint(
                 secrets={k: v.get_secret_value().encode() for k, v in
@@ -148,15 +157,19 @@ def create_app(settings: Settings, database_url: str) -> Starlette:
         runtime = holder.get("runtime")
         if runtime is None:
             return JSONResponse({"status": "starting"}, status_code=503)
+        spooled = runtime.spool.depth()
         try:
             async with runtime.pool.connection(timeout=2) as conn:
                 await conn.execute("SELECT 1")
         except Exception as exc:  # noqa: BLE001 - any failure means "not ready"
-            return JSONResponse({"status": "unready", "database": type(exc).__name__},
-                                status_code=503)
-        return JSONResponse({"status": "ready", "database": "ok"})
+            return JSONResponse({"status": "unready", "database": type(exc).__name__,
+                                 "spool_bytes": spooled}, status_code=503)
+        return JSONResponse({"status": "ready", "database": "ok", "spool_bytes": spooled})
 
     async def metrics_endpoint(request: Request) -> Response:
+        runtime = holder.get("runtime")
+        if runtime is not None:
+            metrics.spool_bytes.set(runtime.spool.depth())
         return PlainTextResponse(generate_latest(metrics.registry),
                                  media_type=CONTENT_TYPE_LATEST)
 

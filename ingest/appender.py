@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 
+from ingest.spool import Spool
 from ledger import AppendResult, LedgerError, LedgerUnavailable, NewEvent
 
 AppendMany = Callable[[Sequence[NewEvent]], Awaitable[list[AppendResult]]]
@@ -23,8 +24,11 @@ class BatchingAppender:
     """Gathers concurrent appends into batches for one committing writer."""
 
     def __init__(self, append_many: AppendMany, *, max_batch: int = 256,
-                 max_wait_s: float = 0.0) -> None:
+                 max_wait_s: float = 0.0, spool: Spool | None = None,
+                 on_spooled: Callable[[], None] | None = None) -> None:
         self._append_many = append_many
+        self._spool = spool
+        self._on_spooled = on_spooled
         self._max_batch = max_batch
         self._max_wait_s = max_wait_s
         self._queue: list[tuple[NewEvent, asyncio.Future[AppendResult]]] = []
@@ -33,6 +37,7 @@ class BatchingAppender:
         self._closing = False
         self.batches = 0
         self.events = 0
+        self.spooled = 0
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="hookledger-appender")
@@ -68,9 +73,16 @@ class BatchingAppender:
 
     async def _flush(self, batch: list[tuple[NewEvent, asyncio.Future[AppendResult]]]) -> None:
         events = [event for event, _ in batch]
+        if self._spool is not None and self._spool.backlog:
+            # spooled events not yet drained go first: keep arrival order
+            await self._to_spool(batch)
+            return
         try:
             results = await self._append_many(events)
         except LedgerUnavailable as exc:
+            if self._spool is not None:
+                await self._to_spool(batch)
+                return
             for _, future in batch:
                 _settle(future, exc=exc)
             return
@@ -93,6 +105,22 @@ class BatchingAppender:
         self.events += len(batch)
         for (_, future), result in zip(batch, results, strict=True):
             _settle(future, result=result)
+
+
+    async def _to_spool(self, batch: list[tuple[NewEvent, asyncio.Future[AppendResult]]]
+                        ) -> None:
+        assert self._spool is not None
+        try:
+            await asyncio.to_thread(self._spool.write, [event for event, _ in batch])
+        except OSError as exc:  # neither the database nor the disk: now it is 503
+            for _, future in batch:
+                _settle(future, exc=LedgerUnavailable(f"spool failed: {type(exc).__name__}"))
+            return
+        self.spooled += len(batch)
+        for _, future in batch:
+            _settle(future, result=AppendResult(0, duplicate=False, spooled=True))
+        if self._on_spooled is not None:
+            self._on_spooled()
 
 
 def _settle(future: asyncio.Future[AppendResult], *, result: AppendResult | None = None,

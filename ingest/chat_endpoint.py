@@ -156,7 +156,10 @@ class ChatEndpoint:
             log.error("delivery.unavailable", error=str(exc))
             return responses.unavailable()
         self._metrics.append_seconds.observe(time.perf_counter() - started)
-        if result.duplicate:
+        if result.spooled:
+            self._metrics.spooled.labels(SYSTEM).inc()
+            log.warning("delivery.spooled", reason="ledger unavailable; durable on local disk")
+        elif result.duplicate:
             self._metrics.duplicates.labels(SYSTEM).inc()
             log.info("delivery.duplicate", position=result.position)
         else:

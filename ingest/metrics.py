@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
 @dataclass(frozen=True)
@@ -13,6 +13,8 @@ class IngestMetrics:
     accepted: Counter
     duplicates: Counter
     refused: Counter
+    spooled: Counter
+    spool_bytes: Gauge
     append_seconds: Histogram
     batch_size: Histogram
 
@@ -25,6 +27,12 @@ class IngestMetrics:
                              ["system"], registry=registry),
             duplicates=Counter("hookledger_deliveries_duplicate",
                                "Deliveries already in the ledger", ["system"], registry=registry),
+            spooled=Counter("hookledger_deliveries_spooled",
+                            "Deliveries answered 200 from the durable spool (database down)",
+                            ["system"], registry=registry),
+            spool_bytes=Gauge("hookledger_spool_bytes",
+                              "Bytes in the spool, waiting for the database",
+                              registry=registry),
             refused=Counter("hookledger_deliveries_refused", "Deliveries refused, by reason",
                             ["system", "reason"], registry=registry),
             append_seconds=Histogram(

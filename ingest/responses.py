@@ -10,6 +10,9 @@ from ledger import AppendResult
 def accepted(result: AppendResult) -> Response:
     """The hot path's answer, written out directly: the same JSON as JSONResponse gives,
     without a json.dumps per delivery."""
+    if result.spooled:
+        return Response('{"status":"accepted","duplicate":false,"position":null,'
+                        '"spooled":true}', media_type="application/json")
     duplicate = "true" if result.duplicate else "false"
     return Response(
         f'{{"status":"accepted","duplicate":{duplicate},"position":{int(result.position)}}}',

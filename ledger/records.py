@@ -39,6 +39,7 @@ class AppendResult:
 
     position: int
     duplicate: bool
+    spooled: bool = False  # durable in the local spool, not yet in the ledger (position 0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -62,14 +62,17 @@ async def translated_errors() -> AsyncIterator[None]:
 class LedgerStore:
     """The ledger over a psycopg async connection pool."""
 
-    def __init__(self, pool: AsyncConnectionPool) -> None:
+    def __init__(self, pool: AsyncConnectionPool, *,
+                 acquire_timeout_s: float | None = None) -> None:
         self._pool = pool
+        self._acquire_timeout_s = acquire_timeout_s  # None: the pool's own timeout
 
     async def append(self, events: Sequence[NewEvent]) -> list[AppendResult]:
         """Append events in one transaction; return when it has committed."""
         if not events:
             return []
-        async with translated_errors(), self._pool.connection() as conn:
+        async with translated_errors(), \
+                self._pool.connection(timeout=self._acquire_timeout_s) as conn:
             async with conn.transaction():
                 return await append_in(conn, events)
 

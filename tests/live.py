@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -17,7 +19,13 @@ from hookledger.settings import Settings
 
 @contextmanager
 def running_service(db_url: str, **settings: Any) -> Iterator[str]:
-    """Serve hookledger on 127.0.0.1:<free port>; yield its base URL; stop it afterwards."""
+    """Serve hookledger on 127.0.0.1:<free port>; yield its base URL; stop it afterwards.
+
+    Each service gets its own home (spool, media, reports) unless the test names one."""
+    own_home = None
+    if "home" not in settings:
+        own_home = tempfile.mkdtemp(prefix="hookledger-test-home-")
+        settings["home"] = own_home
     config_settings = Settings(database_url=db_url, **settings)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -39,3 +47,5 @@ def running_service(db_url: str, **settings: Any) -> Iterator[str]:
         server.should_exit = True
         thread.join(timeout=30)
         sock.close()
+        if own_home is not None:
+            shutil.rmtree(own_home, ignore_errors=True)

@@ -1,0 +1,207 @@
+"""The durable spool: verified deliveries the database could not take, on local disk.
+
+The general system never retries, so answering 503 while PostgreSQL is down loses the
+delivery for good. Instead, the appender writes such a batch here, fsyncs, and answers
+200; a drainer appends the spooled events to the ledger, in the order they were spooled,
+when the database is back (the ledger's dedupe key makes a re-append after a crash
+harmless), and deletes each file once all of it is in the ledger.
+
+Format: a file per process and generation, ``spool-<pid>-<n>.hls``, held under an
+exclusive ``flock`` by the process writing it, so a second process never drains a file
+still being written, and drains the files of a process that died. Each record is
+``HLS1`` + length (u32) + CRC-32 (u32) + the event as JSON. A torn or corrupt record (a
+crash mid-write) is detected by its length or CRC, recorded, and skipped by searching
+for the next ``HLS1``; it never blocks the records after it.
+"""
+
+from __future__ import annotations
+
+import base64
+import fcntl
+import json
+import os
+import struct
+import threading
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from ledger import NewEvent
+from ledger.jsonenc import dumps
+
+MAGIC = b"HLS1"
+HEADER = struct.Struct(">4sII")
+MAX_RECORD = 64 * 1024 * 1024
+
+
+def encode_event(event: NewEvent) -> bytes:
+    fields = {
+        "stream": event.stream, "event_type": event.event_type, "source": event.source,
+        "dedupe_key": event.dedupe_key, "payload_json": event.payload_json,
+        "received_at": event.received_at.isoformat(), "facts": dict(event.facts),
+        "occurred_at": event.occurred_at.isoformat() if event.occurred_at else None,
+        "raw_body": base64.b64encode(event.raw_body).decode() if event.raw_body is not None
+        else None,
+        "headers": dict(event.headers), "endpoint": event.endpoint,
+        "verified_by": event.verified_by,
+    }
+    payload = dumps(fields).encode()
+    return HEADER.pack(MAGIC, len(payload), zlib.crc32(payload)) + payload
+
+
+def decode_event(payload: bytes) -> NewEvent:
+    fields: dict[str, Any] = json.loads(payload)
+    raw = fields["raw_body"]
+    occurred = fields["occurred_at"]
+    return NewEvent(
+        stream=fields["stream"], event_type=fields["event_type"], source=fields["source"],
+        dedupe_key=fields["dedupe_key"], payload_json=fields["payload_json"],
+        received_at=datetime.fromisoformat(fields["received_at"]), facts=fields["facts"],
+        occurred_at=datetime.fromisoformat(occurred) if occurred else None,
+        raw_body=base64.b64decode(raw) if raw is not None else None,
+        headers=fields["headers"], endpoint=fields["endpoint"],
+        verified_by=fields["verified_by"])
+
+
+@dataclass(frozen=True)
+class Damage:
+    """A stretch of a spool file that held no readable record."""
+
+    file: str
+    offset: int
+    length: int
+    reason: str
+
+
+def read_records(data: bytes, name: str = "") -> tuple[list[NewEvent], list[Damage]]:
+    """Every intact record of a spool file's bytes, in order, and what was skipped. Pure."""
+    events: list[NewEvent] = []
+    damage: list[Damage] = []
+    at = 0
+    while at < len(data):
+        reason = None
+        if len(data) - at < HEADER.size:
+            reason = "truncated_header"
+        else:
+            magic, length, crc = HEADER.unpack_from(data, at)
+            end = at + HEADER.size + length
+            if magic != MAGIC or length > MAX_RECORD:
+                reason = "bad_header"
+            elif end > len(data):
+                reason = "truncated_record"
+            else:
+                payload = data[at + HEADER.size:end]
+                if zlib.crc32(payload) != crc:
+                    reason = "bad_checksum"
+                else:
+                    try:
+                        events.append(decode_event(payload))
+                    except (ValueError, KeyError, TypeError):
+                        reason = "bad_record"
+                    else:
+                        at = end
+                        continue
+        following = data.find(MAGIC, at + 1)
+        resume = following if following != -1 else len(data)
+        damage.append(Damage(name, at, resume - at, reason))
+        at = resume
+    return events, damage
+
+
+class Spool:
+    """This process's spool: append with fsync, and hand closed files to the drainer."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._generation = 0
+        self._file: BinaryIO | None = None
+        self._path: Path | None = None
+        self._lock = threading.Lock()  # writes run in a worker thread, seals on the loop
+        self.backlog = 0  # records this process spooled and has not drained yet
+
+    @property
+    def prefix(self) -> str:
+        return f"spool-{os.getpid()}-"
+
+    def write(self, events: Sequence[NewEvent]) -> None:
+        """Append and fsync; return only when the records are on disk."""
+        data = b"".join(encode_event(e) for e in events)
+        with self._lock:
+            if self._file is None:
+                self._open()
+            assert self._file is not None
+            self._file.write(data)
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self.backlog += len(events)
+
+    def drained(self, path: Path, records: int) -> None:
+        """``path`` is in the ledger and may go; count its records off this process's
+        backlog if it was one of ours."""
+        path.unlink(missing_ok=True)
+        if path.name.startswith(self.prefix):
+            with self._lock:
+                self.backlog = max(0, self.backlog - records)
+
+    def _open(self) -> None:
+        self._generation += 1
+        path = self.folder / f"{self.prefix}{self._generation:06d}.hls"
+        handle = open(path, "ab")
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        self._file, self._path = handle, path
+        dir_fd = os.open(self.folder, os.O_RDONLY)
+        try:  # the new name itself must survive a power cut
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    def seal(self) -> None:
+        """Close the file being written (its lock goes with it): the next write starts a
+        new one, and this one can be drained."""
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = self._path = None
+
+    def close(self) -> None:
+        self.seal()
+
+    def drainable(self) -> Iterator[tuple[Path, BinaryIO]]:
+        """Spool files no live process is writing, oldest first, each locked while yielded."""
+        for path in sorted(self.folder.glob("spool-*.hls"), key=_age):
+            if path == self._path:
+                continue
+            try:
+                handle = open(path, "rb")
+            except FileNotFoundError:
+                continue
+            try:
+                try:
+                    fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # another process is still writing it
+                if path.exists():
+                    yield path, handle
+            finally:
+                handle.close()
+
+    def depth(self) -> int:
+        """Bytes waiting in spool files (this process's and any other's)."""
+        total = 0
+        for path in self.folder.glob("spool-*.hls"):
+            try:
+                total += path.stat().st_size
+            except FileNotFoundError:
+                pass
+        return total
+
+
+def _age(path: Path) -> tuple[float, str]:
+    try:
+        return path.stat().st_mtime, path.name
+    except FileNotFoundError:
+        return 0.0, path.name

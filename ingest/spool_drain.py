@@ -1,0 +1,83 @@
+"""Draining the spool into the ledger once the database is back.
+
+Runs in every ``serve`` process: it drains this process's sealed files and any file left
+by a process that died (their locks went with them). Each file is appended in record
+order, in batches, and deleted only when all of it is in the ledger; a crash halfway
+re-appends the first part, which the ledger's dedupe key turns into duplicates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import structlog
+
+from ingest.appender import AppendMany
+from ingest.spool import Spool, read_records
+from ledger import LedgerUnavailable
+
+log = structlog.get_logger("hookledger.spool")
+
+
+class SpoolDrainer:
+    def __init__(self, spool: Spool, append_many: AppendMany, *, interval_s: float = 1.0,
+                 batch_size: int = 256) -> None:
+        self._spool = spool
+        self._append_many = append_many
+        self._interval_s = interval_s
+        self._batch_size = batch_size
+        self._wakeup = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.drained = 0
+        self.damaged = 0
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="hookledger-spool-drain")
+
+    def nudge(self) -> None:
+        self._wakeup.set()
+
+    async def stop(self) -> None:
+        self._stop.set()
+        self._wakeup.set()
+        if self._task is not None:
+            await self._task
+
+    async def drain_once(self) -> int:
+        """Seal the file being written, then append every drainable file; return how many
+        events were appended. Raises :class:`LedgerUnavailable` while the database is down."""
+        self._spool.seal()
+        appended = 0
+        for path, handle in self._spool.drainable():
+            events, damage = read_records(handle.read(), path.name)
+            for d in damage:
+                self.damaged += 1
+                log.error("spool.damaged", file=d.file, offset=d.offset, length=d.length,
+                          reason=d.reason)
+            for start in range(0, len(events), self._batch_size):
+                await self._append_many(events[start:start + self._batch_size])
+            self._spool.drained(path, len(events) + len(damage))
+            appended += len(events)
+            log.info("spool.drained", file=path.name, events=len(events))
+        self.drained += appended
+        return appended
+
+    async def _run(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wakeup.wait(), timeout=self._interval_s)
+            self._wakeup.clear()
+            if self._stop.is_set():
+                break
+            if self._spool.depth() == 0:
+                continue
+            try:
+                await self.drain_once()
+                if self._spool.backlog:  # more arrived while draining: keep going
+                    self._wakeup.set()
+            except LedgerUnavailable:
+                pass  # still down: the next round tries again
+            except Exception:
+                log.exception("spool.drain_failed")
