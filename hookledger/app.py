@@ -95,7 +95,8 @@ def create_app(settings: Settings, database_url: str) -> Starlette:
                 secrets={k: v.get_secret_value().encode() for k, v in
                          settings.general_secrets.items()},
                 zone=settings.zone, max_body_bytes=settings.max_body_bytes,
-                appender=appender, pool=pool, metrics=metrics)
+                appender=appender, pool=pool, metrics=metrics,
+                rejected_keep=settings.rejected_keep)
             chat_secrets = ChatSecretStore(pool, grace_s=settings.rotation_grace_s)
             await chat_secrets.bootstrap(
                 {k: v.get_secret_value() for k, v in settings.chat_secrets.items()},
@@ -103,7 +104,7 @@ def create_app(settings: Settings, database_url: str) -> Starlette:
             app.state.chat = ChatEndpoint(
                 secrets=chat_secrets, tolerance_s=settings.chat_tolerance_s,
                 max_body_bytes=settings.max_body_bytes, appender=appender, pool=pool,
-                metrics=metrics,
+                metrics=metrics, rejected_keep=settings.rejected_keep,
                 error_causes={**PLATFORM_ERROR_CAUSES, **settings.chat_error_causes})
             chat_api = chat_api_factory(settings)
             app.state.chat_ops = ChatOps(chat_secrets, store, settings.home, chat_api)

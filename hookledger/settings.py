@@ -110,6 +110,7 @@ class Settings(BaseSettings):
     append_max_batch: int = Field(default=256, gt=0)
     append_max_wait_ms: float = Field(default=0.0, ge=0)
     append_timeout_s: float = Field(default=2.0, gt=0)
+    rejected_keep: int = Field(default=100_000, gt=0)
     projector_batch_size: int = Field(default=1000, gt=0)
     # chat capability: API field names the spec does not give, error table, media worker
     chat_rotate_secret_field: str = Field(default="secret", min_length=1)

@@ -35,7 +35,7 @@ from ingest.errors import BodyError, BodyTooLarge
 from ingest.headers import safe_headers
 from ingest.json_body import parse_object
 from ingest.metrics import IngestMetrics
-from ingest.rejections import Refusal, record
+from ingest.rejections import Refusal, RejectionLog
 from ledger import LedgerError, NewEvent
 
 SYSTEM = SOURCE
@@ -69,13 +69,14 @@ class ChatEndpoint:
 
     def __init__(self, *, secrets: ChatSecretStore, tolerance_s: int, max_body_bytes: int,
                  appender: BatchingAppender, pool: AsyncConnectionPool,
-                 metrics: IngestMetrics,
+                 metrics: IngestMetrics, rejected_keep: int = 100_000,
                  error_causes: Mapping[str, int] = PLATFORM_ERROR_CAUSES) -> None:
         self._secrets = secrets
         self._tolerance_s = tolerance_s
         self._max_body = max_body_bytes
         self._appender = appender
         self._pool = pool
+        self._rejections = RejectionLog(pool, keep=rejected_keep)
         self._metrics = metrics
         self._error_causes = dict(error_causes)
 
@@ -173,7 +174,7 @@ class ChatEndpoint:
         log.warning("delivery.refused", reason=refusal.reason, detail=refusal.detail,
                     status=refusal.http_status)
         try:
-            await record(self._pool, refusal)
+            await self._rejections.record(refusal)
         except Exception as exc:  # noqa: BLE001 - a refusal is answered even if not recorded
             log.error("delivery.refusal_not_recorded", reason=refusal.reason,
                       error=type(exc).__name__)

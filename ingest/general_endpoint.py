@@ -25,7 +25,7 @@ from ingest.general_body import read_general
 from ingest.headers import safe_headers
 from ingest.json_body import parse_object
 from ingest.metrics import IngestMetrics
-from ingest.rejections import Refusal, record
+from ingest.rejections import Refusal, RejectionLog
 from ledger import LedgerError, NewEvent
 
 SYSTEM = "general"
@@ -39,12 +39,13 @@ class GeneralEndpoint:
 
     def __init__(self, *, secrets: Mapping[str, bytes], zone: ZoneInfo, max_body_bytes: int,
                  appender: BatchingAppender, pool: AsyncConnectionPool,
-                 metrics: IngestMetrics) -> None:
+                 metrics: IngestMetrics, rejected_keep: int = 100_000) -> None:
         self._secrets = dict(secrets)
         self._zone = zone
         self._max_body = max_body_bytes
         self._appender = appender
         self._pool = pool
+        self._rejections = RejectionLog(pool, keep=rejected_keep)
         self._metrics = metrics
 
     async def __call__(self, request: Request) -> Response:
@@ -125,7 +126,7 @@ class GeneralEndpoint:
         log.warning("delivery.refused", reason=refusal.reason, detail=refusal.detail,
                     status=refusal.http_status)
         try:
-            await record(self._pool, refusal)
+            await self._rejections.record(refusal)
         except Exception as exc:  # noqa: BLE001 - a refusal is answered even if not recorded
             log.error("delivery.refusal_not_recorded", reason=refusal.reason,
                       error=type(exc).__name__)

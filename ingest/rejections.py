@@ -16,6 +16,9 @@ from ledger.sqlfiles import load
 UNVERIFIED_PREFIX_BYTES = 1024
 VERIFIED_PREFIX_BYTES = 64 * 1024
 MAX_DETAIL = 500
+KEEP_ROWS = 100_000
+PRUNE_EVERY = 128
+RECORD_TIMEOUT_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +52,25 @@ class Refusal:
         }
 
 
-async def record(pool: AsyncConnectionPool, refusal: Refusal) -> None:
-    async with pool.connection() as conn:
-        await conn.execute(load("ingest", "insert_rejected"), refusal.row())
+class RejectionLog:
+    """Records refusals in a table that a flood cannot grow without bound.
+
+    Bodies are cut to a prefix (1 KiB unverified, 64 KiB for a verified body), and every
+    ``prune_every`` records this process deletes all but the newest ``keep`` rows, so the
+    table holds at most about ``keep`` rows plus what the processes recorded since.
+    """
+
+    def __init__(self, pool: AsyncConnectionPool, *, keep: int = KEEP_ROWS,
+                 prune_every: int = PRUNE_EVERY, timeout_s: float = RECORD_TIMEOUT_S) -> None:
+        self._pool = pool
+        self._keep = keep
+        self._prune_every = prune_every
+        self._timeout_s = timeout_s
+        self._recorded = 0
+
+    async def record(self, refusal: Refusal) -> None:
+        async with self._pool.connection(timeout=self._timeout_s) as conn:
+            await conn.execute(load("ingest", "insert_rejected"), refusal.row())
+            self._recorded += 1
+            if self._recorded % self._prune_every == 0:
+                await conn.execute(load("ingest", "prune_rejected"), {"keep": self._keep})
