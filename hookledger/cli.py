@@ -191,6 +191,43 @@ def rebuild(verify: bool, batch_size: int) -> None:
     sys.exit(1)
 
 
+@main.command(name="verify")
+def verify_chain() -> None:
+    """Recompute the ledger's hash chain; name the first event that does not match."""
+    import asyncio
+
+    import psycopg
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from ledger.chain import check_chain
+
+    settings = load_settings()
+    configure_logging(settings)
+
+    async def run(advance: Any) -> Any:
+        async with await psycopg.AsyncConnection.connect(url) as conn:
+            return await check_chain(conn, progress=advance)
+
+    try:
+        with database(settings) as url:
+            migrate.upgrade(url)
+            head = asyncio.run(_head(url))
+            with Progress("[progress.description]{task.description}", BarColumn(),
+                          MofNCompleteColumn(), TimeElapsedColumn()) as bar:
+                task = bar.add_task("checking the chain", total=head or 1)
+                result = asyncio.run(run(lambda p: bar.update(task, completed=min(p, head))))
+                bar.update(task, completed=head or 1)
+    except EmbeddedPostgresError as exc:
+        _fail(str(exc))
+    if result.intact:
+        click.echo(f"ledger intact: {result.checked} events, head position "
+                   f"{result.head_position}, head hash {result.head_hash}")
+        return
+    click.echo(f"TAMPERED: event at position {result.first_mismatch} does not match its "
+               f"hash ({result.checked} events before it are intact)")
+    sys.exit(1)
+
+
 async def _head(url: str) -> int:
     import psycopg
 

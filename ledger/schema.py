@@ -61,6 +61,8 @@ ledger_events = Table(
     Column("received_at", DateTime(timezone=True), nullable=False),
     Column("recorded_at", DateTime(timezone=True), nullable=False,
            server_default=text("clock_timestamp()")),
+    # set by the same trigger: sha256(previous chain_hash || digest), see migration 0005
+    Column("chain_hash", LargeBinary, nullable=False),
 )
 Index(None, ledger_events.c.stream, ledger_events.c.position)
 Index(None, ledger_events.c.event_type, ledger_events.c.position)
