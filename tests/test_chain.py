@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import psycopg
+import pytest
 
 from hookledger import migrate
 from ledger.chain import check_chain
@@ -66,8 +67,10 @@ def test_an_untouched_ledger_verifies_and_an_edited_event_is_named(db_url: str) 
     assert caught.returncode == 1 and "position 17" in caught.stdout
 
 
-def test_upgrading_a_ledger_with_events_keeps_them_and_chains_them(empty_db_url: str) -> None:
-    migrate.upgrade(empty_db_url, "0004")
+@pytest.mark.parametrize("start", ["0001", "0002", "0003", "0004"])
+def test_upgrading_a_ledger_with_events_keeps_them_and_chains_them(empty_db_url: str,
+                                                                    start: str) -> None:
+    migrate.upgrade(empty_db_url, start)
     append(empty_db_url, 20, "OLD")
     with psycopg.connect(empty_db_url) as conn:
         before = conn.execute("SELECT position, event_id, payload FROM "
