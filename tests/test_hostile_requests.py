@@ -1,0 +1,86 @@
+"""Hostile requests, correctly signed so that they reach the parser: each one is a 4xx with
+a recorded reason, never a 500, and nothing of it reaches the ledger.
+
+A correctly signed JSON object is accepted whatever its Content-Type: the signature is the
+proof, the provider never retries, and refusing a genuine delivery over a header would lose
+it. Unsigned requests are refused 401 before anything else (test_general_webhook).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from tests.general_events import encode, general_body
+from tests.live import running_service
+from tests.test_general_webhook import SECRETS, post, rows
+
+GOOD = general_body("payment.confirmed", 91000, reference="HOSTILE")
+
+
+@pytest.fixture
+def service(db_url: str) -> Iterator[str]:
+    with running_service(db_url, general_secrets=",".join(f"{k}={v}" for k, v in
+                                                          SECRETS.items()),
+                         max_body_bytes=64 * 1024) as base:
+        yield base
+
+
+def replace(field: str, raw_value: str) -> bytes:
+    """The good body with one field's JSON text replaced (to write what json.dumps won't)."""
+    body = dict(GOOD)
+    body[field] = "@@"
+    return json.dumps(body).replace('"@@"', raw_value).encode()
+
+
+HOSTILE = [
+    ("invalid UTF-8", b'{"reference": "\xff\xfe", "event": "payment.confirmed"}',
+     "invalid_utf8"),
+    ("deeply nested", b'{"a": ' + b"[" * 5000 + b"]" * 5000 + b"}", "too_deep"),
+    ("huge number", replace("amount", "1e999999"), "number_out_of_range"),
+    ("huge integer", replace("amount", "9" * 5000), "invalid_json"),
+    ("NaN", replace("amount", "NaN"), "invalid_json"),
+    ("Infinity", replace("amount", "-Infinity"), "invalid_json"),
+    ("duplicate keys", b'{"reference": "A", "reference": "B"}', "duplicate_json_key"),
+    ("NUL in a string", replace("reference", '"A\\u0000B"'), "nul_character"),
+    ("lone surrogate", replace("reference", '"\\ud800"'), "invalid_unicode"),
+    ("amount of the wrong type", replace("amount", '{"value": 10}'), "invalid_field"),
+    ("code of the wrong type", replace("code", '"ninety-one"'), "invalid_field"),
+    ("reference of the wrong type", replace("reference", "[1, 2]"), "invalid_field"),
+    ("timestamp not a date", replace("timestamp", '"20261399256199"'), "invalid_field"),
+    ("a JSON array", b"[]", "not_an_object"),
+    ("empty body", b"", "invalid_json"),
+]
+
+
+@pytest.mark.parametrize(("raw", "reason"), [(raw, reason) for _, raw, reason in HOSTILE],
+                         ids=[name for name, _, _ in HOSTILE])
+def test_a_signed_hostile_body_is_400_with_its_reason(service: str, db_url: str, raw: bytes,
+                                                      reason: str) -> None:
+    answer = post(service, "primary", raw, secret=SECRETS["primary"])
+    assert answer.status_code == 400, answer.text
+    assert answer.json() == {"status": "refused", "reason": reason}
+    assert rows(db_url, "SELECT count(*) FROM hookledger.ledger") == [(0,)]
+    assert rows(db_url, "SELECT reason, verified FROM hookledger.rejected_deliveries") == [
+        (reason, True)]
+
+
+def test_a_gzip_body_is_415_even_when_signed(service: str, db_url: str) -> None:
+    raw = gzip.compress(encode(GOOD))
+    answer = post(service, "primary", raw, secret=SECRETS["primary"],
+                  headers={"content-encoding": "gzip"})
+    assert answer.status_code == 415
+    assert rows(db_url, "SELECT count(*) FROM hookledger.ledger") == [(0,)]
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded"])
+def test_a_signed_json_body_is_kept_whatever_its_content_type(service: str, db_url: str,
+                                                              content_type: str | None) -> None:
+    raw = encode(GOOD)
+    headers = {"content-type": content_type} if content_type else {"content-type": ""}
+    answer = post(service, "primary", raw, secret=SECRETS["primary"], headers=headers)
+    assert answer.status_code == 200
+    assert rows(db_url, "SELECT count(*) FROM hookledger.ledger") == [(1,)]
