@@ -35,6 +35,7 @@ from ledger.jsonenc import dumps
 MAGIC = b"HLS1"
 HEADER = struct.Struct(">4sII")
 MAX_RECORD = 64 * 1024 * 1024
+QUARANTINE = "quarantine.hls"  # events the ledger refused while draining; never drained
 
 
 def encode_event(event: NewEvent) -> bytes:
@@ -158,6 +159,13 @@ class Spool:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+
+    def quarantine(self, event: NewEvent) -> None:
+        """Keep an event the ledger refused, in the spool's format, for a person to look at."""
+        with open(self.folder / QUARANTINE, "ab") as handle:
+            handle.write(encode_event(event))
+            handle.flush()
+            os.fsync(handle.fileno())
 
     def seal(self) -> None:
         """Close the file being written (its lock goes with it): the next write starts a

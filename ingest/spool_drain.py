@@ -14,8 +14,8 @@ import contextlib
 import structlog
 
 from ingest.appender import AppendMany
-from ingest.spool import Spool, read_records
-from ledger import LedgerUnavailable
+from ingest.spool import QUARANTINE, Spool, read_records
+from ledger import LedgerUnavailable, NewEvent
 
 log = structlog.get_logger("hookledger.spool")
 
@@ -32,6 +32,7 @@ class SpoolDrainer:
         self._task: asyncio.Task[None] | None = None
         self.drained = 0
         self.damaged = 0
+        self.quarantined = 0
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="hookledger-spool-drain")
@@ -57,12 +58,34 @@ class SpoolDrainer:
                 log.error("spool.damaged", file=d.file, offset=d.offset, length=d.length,
                           reason=d.reason)
             for start in range(0, len(events), self._batch_size):
-                await self._append_many(events[start:start + self._batch_size])
+                await self._append_chunk(events[start:start + self._batch_size])
             self._spool.drained(path, len(events) + len(damage))
             appended += len(events)
             log.info("spool.drained", file=path.name, events=len(events))
         self.drained += appended
         return appended
+
+    async def _append_chunk(self, chunk: list[NewEvent]) -> None:
+        """Append a chunk; an event the ledger refuses for itself (not for being down) is
+        moved to the quarantine file, so one bad record never holds back the rest, nor the
+        deliveries queued behind the backlog."""
+        try:
+            await self._append_many(chunk)
+            return
+        except LedgerUnavailable:
+            raise
+        except Exception:  # noqa: BLE001 - find the one that fails, below
+            pass
+        for event in chunk:
+            try:
+                await self._append_many([event])
+            except LedgerUnavailable:
+                raise
+            except Exception as exc:  # noqa: BLE001 - kept aside, with a record
+                self._spool.quarantine(event)
+                self.quarantined += 1
+                log.error("spool.quarantined", dedupe_key=event.dedupe_key,
+                          error=type(exc).__name__, file=QUARANTINE)
 
     async def _run(self) -> None:
         while not self._stop.is_set():

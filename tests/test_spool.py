@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -9,12 +10,15 @@ from typing import Any
 
 import httpx
 import psycopg
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from psycopg.conninfo import conninfo_to_dict
+from psycopg_pool import AsyncConnectionPool
 
-from ingest.spool import Spool, encode_event, read_records
-from ledger import NewEvent
+from ingest.spool import QUARANTINE, Spool, encode_event, read_records
+from ingest.spool_drain import SpoolDrainer
+from ledger import LedgerStore, NewEvent
 from tests.general_events import encode, general_body
 from tests.live import running_service
 from tests.signing import general_header
@@ -123,3 +127,21 @@ def test_deliveries_during_an_outage_are_spooled_answered_and_drained_in_order(
         assert refs == [f"OUT-{i}" for i in range(12)]
         assert client.get(f"{base}/readyz").json()["spool_bytes"] == 0
     assert list(tmp_path.joinpath("spool").glob("*.hls")) == []
+
+
+@pytest.mark.anyio
+async def test_an_event_the_ledger_refuses_is_quarantined_and_the_rest_drained(
+        pool: AsyncConnectionPool, tmp_path: Path) -> None:
+    spool = Spool(tmp_path)
+    poison = dataclasses.replace(event(2), payload_json="not json")  # jsonb refuses it
+    spool.write([event(1), poison, event(3)])
+    drainer = SpoolDrainer(spool, LedgerStore(pool).append)
+    await drainer.drain_once()
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT dedupe_key FROM hookledger.ledger ORDER BY position")
+        assert [k for (k,) in await cur.fetchall()] == [event(1).dedupe_key,
+                                                      event(3).dedupe_key]
+    kept, damage = read_records((tmp_path / QUARANTINE).read_bytes())
+    assert kept == [poison] and damage == []
+    assert list(tmp_path.glob("spool-*.hls")) == [] and spool.backlog == 0
+    assert drainer.quarantined == 1
