@@ -32,7 +32,7 @@ from ingest.chat_body import (
 )
 from ingest.chat_secrets import MAX_PHONE_NUMBER_ID, ChatSecretStore
 from ingest.errors import BodyError, BodyTooLarge
-from ingest.headers import safe_headers
+from ingest.headers import masked, safe_headers
 from ingest.json_body import parse_object
 from ingest.metrics import IngestMetrics
 from ingest.rejections import Refusal, RejectionLog
@@ -43,25 +43,7 @@ SIGNATURE_HEADER = "x-service-signature"
 DELIVERY_ID_HEADER = "x-service-delivery-id"
 ATTEMPT_HEADER = "x-service-attempt"
 
-MASK = "[redacted]"
-
 log = structlog.get_logger("hookledger.ingest")
-
-
-def _masked(headers: Mapping[str, str], secrets: list[tuple[str, bytes]]) -> dict[str, str]:
-    """Headers to keep with a refusal, with any of the number's secrets masked.
-
-    A misconfigured sender may put the secret itself in a header (``X-Service-Signature:
-    <secret>``); a refusal row is readable by users, so the secret must not land there.
-    """
-    needles = [secret.decode("utf-8", "replace") for _, secret in secrets if len(secret) >= 4]
-    return {name: _mask(value, needles) for name, value in headers.items()}
-
-
-def _mask(value: str, needles: list[str]) -> str:
-    for needle in needles:
-        value = value.replace(needle, MASK)
-    return value
 
 
 class ChatEndpoint:
@@ -95,7 +77,7 @@ class ChatEndpoint:
                     verified: bool) -> Refusal:
             client = request.client.host if request.client else None
             return Refusal(received_at, endpoint, reason, detail, verified, status, body, size,
-                           _masked(headers, secrets), client)
+                           masked(headers, [secret for _, secret in secrets]), client)
 
         try:
             body = await read_limited(request, self._max_body)

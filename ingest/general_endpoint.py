@@ -22,7 +22,7 @@ from ingest.appender import BatchingAppender
 from ingest.body import read_limited
 from ingest.errors import BodyError, BodyTooLarge
 from ingest.general_body import read_general
-from ingest.headers import safe_headers
+from ingest.headers import masked, safe_headers
 from ingest.json_body import parse_object
 from ingest.metrics import IngestMetrics
 from ingest.rejections import Refusal, RejectionLog
@@ -61,7 +61,7 @@ class GeneralEndpoint:
                     verified: bool) -> Refusal:
             client = request.client.host if request.client else None
             return Refusal(received_at, endpoint, reason, detail, verified, status, body, size,
-                           headers, client)
+                           masked(headers, list(self._secrets.values())), client)
 
         try:
             body = await read_limited(request, self._max_body)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 
 CREDENTIAL_HEADERS = frozenset(
     {"authorization", "proxy-authorization", "cookie", "apitoken", "x-api-key", "api-key"}
@@ -18,4 +18,22 @@ def safe_headers(items: Iterable[tuple[str, str]]) -> dict[str, str]:
         if lower in CREDENTIAL_HEADERS or len(kept) >= MAX_HEADERS:
             continue
         kept[lower] = value[:MAX_VALUE]
+    return kept
+
+
+MASK = "[redacted]"
+
+
+def masked(headers: Mapping[str, str], secrets: Sequence[bytes]) -> dict[str, str]:
+    """Headers to keep with a refusal, with any configured secret masked.
+
+    A misconfigured sender may put the secret itself in a header (``X-Service-Signature:
+    <secret>``); a refusal row is readable by users, so the secret must not land there.
+    """
+    needles = [secret.decode("utf-8", "replace") for secret in secrets if len(secret) >= 4]
+    kept = {}
+    for name, value in headers.items():
+        for needle in needles:
+            value = value.replace(needle, MASK)
+        kept[name] = value
     return kept

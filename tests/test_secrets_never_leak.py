@@ -1,0 +1,81 @@
+"""No general secret, API key or admin token in any log line, answer, metric, rejection
+or report, whatever refusal path a request takes (the chat side: test_chat_webhook)."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import structlog
+
+from hookledger import logs
+from reconcile.report import FORMATS, render, report_for
+from tests.general_events import encode, general_body
+from tests.live import running_service
+from tests.signing import general_header
+from tests.test_general_webhook import rows
+
+GENERAL_SECRET = "whsec-general-secret-31337"
+ADMIN_TOKEN = "admin-token-that-must-stay-hidden"
+API_KEY = "api-key-that-must-stay-hidden"
+
+
+@pytest.fixture
+def json_logs() -> Iterator[None]:
+    logs.configure(fmt="json", level="debug", secrets=[], cache=False)  # no masker help
+    yield
+    structlog.reset_defaults()
+
+
+def test_every_refusal_path_keeps_the_secrets_out(
+        db_url: str, json_logs: None, capsys: pytest.CaptureFixture[str]) -> None:
+    raw = encode(general_body("payment.confirmed", 91000, reference="SECRET-1"))
+    good = general_header(GENERAL_SECRET, raw)
+    texts: list[str] = []
+    with running_service(db_url, general_secrets=f"main={GENERAL_SECRET}",
+                         admin_token=ADMIN_TOKEN, api_key=API_KEY,
+                         max_body_bytes=4096) as base, httpx.Client() as client:
+        url = f"{base}/webhooks/general/main"
+        cases = [
+            (raw, {"x-service-signature": good}),  # accepted
+            (raw, {}),  # missing signature
+            (raw, {"x-service-signature": GENERAL_SECRET}),  # the secret itself, malformed
+            (raw, {"x-service-signature": "sha256=" + GENERAL_SECRET}),
+            (raw, {"x-service-signature": general_header(GENERAL_SECRET[:-1], raw)}),
+            (b"[]", {"x-service-signature": general_header(GENERAL_SECRET, b"[]")}),
+            (b"x" * 10_000, {"x-service-signature": good}),  # too large
+            (gzip.compress(raw), {"x-service-signature": good, "content-encoding": "gzip"}),
+        ]
+        for body, headers in cases:
+            texts.append(client.post(url, content=body, headers=headers).text)
+        texts.append(client.post(f"{base}/webhooks/general/other", content=raw,
+                                 headers={"x-service-signature": good}).text)
+        for token in (None, ADMIN_TOKEN[:-1], ADMIN_TOKEN + "x"):
+            headers = {"authorization": f"Bearer {token}"} if token else {}
+            answer = client.get(f"{base}/api/status", headers=headers)
+            assert answer.status_code == 401
+            texts.append(answer.text)
+        ok = client.get(f"{base}/api/status", headers={"authorization": f"Bearer {ADMIN_TOKEN}"})
+        assert ok.status_code == 200
+        texts.append(ok.text)
+        texts.append(client.get(f"{base}/metrics").text)
+        texts.append(client.get(f"{base}/readyz").text)
+    report = asyncio.run(report_for(db_url))
+    texts += [render(report, fmt) for fmt in FORMATS]
+    stored = rows(db_url, "SELECT reason, detail, headers::text, body_prefix "
+                          "FROM hookledger.rejected_deliveries")
+    assert len(stored) == len(cases)  # every refusal recorded (the accepted one is not)
+    texts.append(repr(stored))
+    texts.append(repr(rows(db_url, "SELECT headers::text, payload::text, facts::text "
+                                   "FROM hookledger.ledger")))
+    err = capsys.readouterr().err
+    lines = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    assert {"delivery.accepted", "delivery.refused"} <= {line["event"] for line in lines}
+    texts.append(err)
+    for value in (GENERAL_SECRET, ADMIN_TOKEN, API_KEY):
+        for text in texts:
+            assert value not in text, text[max(0, text.find(value) - 200):][:400]
