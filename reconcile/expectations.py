@@ -28,7 +28,7 @@ REQUEST_SCHEMA: dict[str, Any] = {
     "properties": {
         "reference": {"type": "string", "minLength": 1, "maxLength": MAX_REFERENCE},
         "kind": {"type": "string", "enum": list(KINDS)},
-        "amount": {"oneOf": [{"type": "number", "exclusiveMinimum": 0},
+        "amount": {"oneOf": [{"type": "number", "minimum": 0, "exclusiveMinimum": True},
                              {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?$"}],
                    "description": "TZS, exact (send a string to avoid float rounding)"},
         "initiated_at": {"type": "string", "format": "date-time",
