@@ -1,0 +1,108 @@
+"""Fuzzing both body normalisers and the strict JSON reader: whatever a signed sender puts
+in a body, reading it either succeeds or fails with a BodyError (a 400 with a reason);
+never any other exception, which the service would answer with a 500."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ingest.chat_body import DeliveryMeta, read_chat
+from ingest.errors import BodyError
+from ingest.general_body import read_general
+from ingest.json_body import parse_object
+from tests.chat_events import PHONE, inbound, status
+from tests.general_events import general_body
+
+EAT = ZoneInfo("Africa/Dar_es_Salaam")
+FUZZ = settings(max_examples=300, deadline=None,
+                suppress_health_check=[HealthCheck.too_slow])
+
+scalars = (st.none() | st.booleans() | st.integers(min_value=-10**30, max_value=10**30)
+           | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20))
+json_values = st.recursive(scalars, lambda children: st.lists(children, max_size=3)
+                           | st.dictionaries(st.text(max_size=8), children, max_size=3),
+                           max_leaves=12)
+
+
+def mutated(base: dict[str, Any], draw_path: list[str], value: Any) -> dict[str, Any]:
+    """``base`` with the value at a path (through nested objects) replaced."""
+    body = json.loads(json.dumps(base))
+    node = body
+    for key in draw_path[:-1]:
+        if not isinstance(node.get(key), dict):
+            break
+        node = node[key]
+    node[draw_path[-1]] = value
+    return body
+
+
+def general_paths() -> list[list[str]]:
+    body = general_body("invoice.paid", 91000, reference="F")
+    return [[k] for k in body] + [["invoice", "amountDue"], ["customer", "phoneNumber"]]
+
+
+def chat_paths() -> list[list[str]]:
+    return [[k] for k in inbound()] + [["message", k] for k in inbound()["message"]] + [
+        ["status", "status"], ["status", "errors"], ["status", "timestamp"]]
+
+
+@FUZZ
+@given(raw=st.binary(max_size=300))
+def test_any_bytes_are_an_object_or_a_body_error(raw: bytes) -> None:
+    try:
+        value, text = parse_object(raw)
+    except BodyError:
+        return
+    assert isinstance(value, dict) and isinstance(text, str)
+
+
+@FUZZ
+@given(event=st.sampled_from(["payment.confirmed", "payment.failed", "payout.confirmed",
+                              "invoice.paid", "invoice.updated", "sms.delivered", "ping"]),
+       path=st.sampled_from(general_paths()), value=json_values)
+def test_a_general_body_with_any_field_replaced_reads_or_is_refused(
+        event: str, path: list[str], value: Any) -> None:
+    body = mutated(general_body(event, 91000, reference="F"), path, value)
+    try:
+        parsed, _ = parse_object(json.dumps(body).encode())
+        read_general(parsed, EAT)
+    except BodyError:
+        pass
+
+
+@FUZZ
+@given(body=st.dictionaries(st.text(max_size=12), json_values, max_size=8))
+def test_any_general_object_reads_or_is_refused(body: dict[str, Any]) -> None:
+    try:
+        parsed, _ = parse_object(json.dumps(body).encode())
+        read_general(parsed, EAT)
+    except BodyError:
+        pass
+
+
+@FUZZ
+@given(base=st.sampled_from(["inbound", "status"]), path=st.sampled_from(chat_paths()),
+       value=json_values)
+def test_a_chat_body_with_any_field_replaced_reads_or_is_refused(
+        base: str, path: list[str], value: Any) -> None:
+    body = mutated(inbound() if base == "inbound" else status("failed"), path, value)
+    try:
+        parsed, _ = parse_object(json.dumps(body).encode())
+        read_chat(parsed, DeliveryMeta(PHONE, "d-1", 1, "ua"))
+    except BodyError:
+        pass
+
+
+@FUZZ
+@given(body=st.dictionaries(st.text(max_size=12), json_values, max_size=8))
+def test_any_chat_object_reads_or_is_refused(body: dict[str, Any]) -> None:
+    try:
+        parsed, _ = parse_object(json.dumps(body).encode())
+        read_chat(parsed, DeliveryMeta(PHONE, None, None, None))
+    except BodyError:
+        pass
