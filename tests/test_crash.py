@@ -37,7 +37,7 @@ def serve(db_url: str, home: Path, port: int) -> subprocess.Popen[bytes]:
     env.update(HOOKLEDGER_DATABASE_URL=db_url, HOOKLEDGER_HOME=str(home),
                HOOKLEDGER_PORT=str(port), HOOKLEDGER_GENERAL_SECRETS=f"main={SECRET}",
                HOOKLEDGER_LOG_LEVEL="warning", HOOKLEDGER_LOG_FORMAT="json")
-    log = open(home / f"serve-{port}.log", "ab")  # noqa: SIM115 - the child keeps it
+    log = open(home / f"serve-{port}.log", "ab")
     # a file, not a pipe: a pipe nobody reads fills up and blocks the service's logging
     return subprocess.Popen([sys.executable, "-m", "hookledger", "serve"], env=env,
                             stdout=subprocess.DEVNULL, stderr=log)
