@@ -95,6 +95,7 @@ def create_app(settings: Settings, database_url: str) -> Starlette:
                 secrets={k: v.get_secret_value().encode() for k, v in
                          settings.general_secrets.items()},
                 zone=settings.zone, max_body_bytes=settings.max_body_bytes,
+                body_timeout_s=settings.body_timeout_s,
                 appender=appender, pool=pool, metrics=metrics,
                 rejected_keep=settings.rejected_keep)
             chat_secrets = ChatSecretStore(pool, grace_s=settings.rotation_grace_s)
@@ -104,6 +105,7 @@ def create_app(settings: Settings, database_url: str) -> Starlette:
             app.state.chat = ChatEndpoint(
                 secrets=chat_secrets, tolerance_s=settings.chat_tolerance_s,
                 max_body_bytes=settings.max_body_bytes, appender=appender, pool=pool,
+                body_timeout_s=settings.body_timeout_s,
                 metrics=metrics, rejected_keep=settings.rejected_keep,
                 error_causes={**PLATFORM_ERROR_CAUSES, **settings.chat_error_causes})
             chat_api = chat_api_factory(settings)

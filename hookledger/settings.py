@@ -102,6 +102,7 @@ class Settings(BaseSettings):
     reconcile_interval_s: int = Field(default=60, gt=0)
     # additions (documented in the README)
     max_body_bytes: int = Field(default=1024 * 1024, gt=0)
+    body_timeout_s: float = Field(default=10.0, gt=0)
     log_format: str = Field(default="auto", pattern="^(auto|json|console)$")
     log_level: str = Field(default="info", pattern="^(debug|info|warning|error)$")
     embedded_os_user: str = "hookledger"

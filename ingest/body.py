@@ -2,16 +2,31 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from starlette.requests import Request
 
-from ingest.errors import BodyTooLarge
+from ingest.errors import BodyTooLarge, BodyTooSlow
+
+BODY_TIMEOUT_S = 10.0
 
 
-async def read_limited(request: Request, limit: int) -> bytes:
-    """The whole body, or :class:`BodyTooLarge` as soon as it passes ``limit`` bytes.
+async def read_limited(request: Request, limit: int,
+                       timeout_s: float = BODY_TIMEOUT_S) -> bytes:
+    """The whole body, or :class:`BodyTooLarge` as soon as it passes ``limit`` bytes, or
+    :class:`BodyTooSlow` when it has not all arrived after ``timeout_s``.
 
-    A declared ``Content-Length`` over the limit is refused before a byte is read.
+    A declared ``Content-Length`` over the limit is refused before a byte is read; a client
+    trickling its body cannot hold a request (and its memory) open for ever.
     """
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await _read(request, limit)
+    except TimeoutError as exc:
+        raise BodyTooSlow("body_timeout", f"body not received within {timeout_s:g} s") from exc
+
+
+async def _read(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise BodyTooLarge("body_too_large", f"declared {declared} bytes, limit {limit}")

@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, Response
 
 from ingest import chat_signature, responses
 from ingest.appender import BatchingAppender
-from ingest.body import read_limited
+from ingest.body import BODY_TIMEOUT_S, read_limited
 from ingest.chat_body import (
     PLATFORM_ERROR_CAUSES,
     SOURCE,
@@ -31,7 +31,7 @@ from ingest.chat_body import (
     user_agent_of,
 )
 from ingest.chat_secrets import MAX_PHONE_NUMBER_ID, ChatSecretStore
-from ingest.errors import BodyError, BodyTooLarge
+from ingest.errors import BodyError, BodyTooLarge, BodyTooSlow
 from ingest.headers import masked, safe_headers
 from ingest.json_body import parse_object
 from ingest.metrics import IngestMetrics
@@ -52,10 +52,12 @@ class ChatEndpoint:
     def __init__(self, *, secrets: ChatSecretStore, tolerance_s: int, max_body_bytes: int,
                  appender: BatchingAppender, pool: AsyncConnectionPool,
                  metrics: IngestMetrics, rejected_keep: int = 100_000,
+                 body_timeout_s: float = BODY_TIMEOUT_S,
                  error_causes: Mapping[str, int] = PLATFORM_ERROR_CAUSES) -> None:
         self._secrets = secrets
         self._tolerance_s = tolerance_s
         self._max_body = max_body_bytes
+        self._body_timeout_s = body_timeout_s
         self._appender = appender
         self._pool = pool
         self._rejections = RejectionLog(pool, keep=rejected_keep)
@@ -80,9 +82,11 @@ class ChatEndpoint:
                            masked(headers, [secret for _, secret in secrets]), client)
 
         try:
-            body = await read_limited(request, self._max_body)
+            body = await read_limited(request, self._max_body, self._body_timeout_s)
         except BodyTooLarge as exc:
             return await self._refuse(refusal(413, exc.reason, exc.detail, b"", 0, False))
+        except BodyTooSlow as exc:
+            return await self._refuse(refusal(408, exc.reason, exc.detail, b"", 0, False))
 
         try:
             secrets = await self._secrets.valid_secrets(phone_number_id, received_at)

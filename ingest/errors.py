@@ -2,7 +2,8 @@
 
     IngestError
     ├── BodyError           a verified body that cannot be taken (HTTP 400)
-    └── BodyTooLarge        a body over the size limit (HTTP 413)
+    ├── BodyTooLarge        a body over the size limit (HTTP 413)
+    └── BodyTooSlow         a body not received in time (HTTP 408)
 """
 
 from __future__ import annotations
@@ -23,3 +24,7 @@ class BodyError(IngestError):
 
 class BodyTooLarge(IngestError):
     """The body is larger than the configured limit."""
+
+
+class BodyTooSlow(IngestError):
+    """The body did not arrive within the time allowed (a stalled or hostile client)."""

@@ -19,8 +19,8 @@ from starlette.responses import JSONResponse, Response
 
 from ingest import general_signature, responses
 from ingest.appender import BatchingAppender
-from ingest.body import read_limited
-from ingest.errors import BodyError, BodyTooLarge
+from ingest.body import BODY_TIMEOUT_S, read_limited
+from ingest.errors import BodyError, BodyTooLarge, BodyTooSlow
 from ingest.general_body import read_general
 from ingest.headers import masked, safe_headers
 from ingest.json_body import parse_object
@@ -39,10 +39,12 @@ class GeneralEndpoint:
 
     def __init__(self, *, secrets: Mapping[str, bytes], zone: ZoneInfo, max_body_bytes: int,
                  appender: BatchingAppender, pool: AsyncConnectionPool,
-                 metrics: IngestMetrics, rejected_keep: int = 100_000) -> None:
+                 metrics: IngestMetrics, rejected_keep: int = 100_000,
+                 body_timeout_s: float = BODY_TIMEOUT_S) -> None:
         self._secrets = dict(secrets)
         self._zone = zone
         self._max_body = max_body_bytes
+        self._body_timeout_s = body_timeout_s
         self._appender = appender
         self._pool = pool
         self._rejections = RejectionLog(pool, keep=rejected_keep)
@@ -64,9 +66,11 @@ class GeneralEndpoint:
                            masked(headers, list(self._secrets.values())), client)
 
         try:
-            body = await read_limited(request, self._max_body)
+            body = await read_limited(request, self._max_body, self._body_timeout_s)
         except BodyTooLarge as exc:
             return await self._refuse(refusal(413, exc.reason, exc.detail, b"", 0, False))
+        except BodyTooSlow as exc:
+            return await self._refuse(refusal(408, exc.reason, exc.detail, b"", 0, False))
 
         secret = self._secrets.get(name)
         if secret is None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import socket
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -84,3 +86,28 @@ def test_a_signed_json_body_is_kept_whatever_its_content_type(service: str, db_u
     answer = post(service, "primary", raw, secret=SECRETS["primary"], headers=headers)
     assert answer.status_code == 200
     assert rows(db_url, "SELECT count(*) FROM hookledger.ledger") == [(1,)]
+
+
+def test_slow_clients_get_408_and_never_hold_up_a_genuine_delivery(db_url: str) -> None:
+    with running_service(db_url, general_secrets=f"primary={SECRETS['primary']}",
+                         body_timeout_s=1.0) as base:
+        host, port = base.removeprefix("http://").split(":")
+        slow = []
+        for _ in range(20):  # headers, then a body that never finishes
+            sock = socket.create_connection((host, int(port)))
+            sock.sendall(b"POST /webhooks/general/primary HTTP/1.1\r\nHost: x\r\n"
+                         b"Content-Type: application/json\r\nContent-Length: 500\r\n\r\n{\"a")
+            slow.append(sock)
+        raw = encode(GOOD)
+        started = time.monotonic()
+        answer = post(base, "primary", raw, secret=SECRETS["primary"])
+        assert answer.status_code == 200 and time.monotonic() - started < 1.0
+        answers = []
+        for sock in slow:
+            sock.settimeout(10)
+            answers.append(sock.recv(4096).split(b"\r\n", 1)[0])
+            sock.close()
+        assert set(answers) == {b"HTTP/1.1 408 Request Timeout"}
+    assert rows(db_url, "SELECT count(*) FROM hookledger.ledger") == [(1,)]
+    assert rows(db_url, "SELECT reason, count(*) FROM hookledger.rejected_deliveries "
+                        "GROUP BY reason") == [("body_timeout", 20)]
