@@ -22,6 +22,8 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
+from hookledger import migrate
+from hookledger.embedded_postgres import EmbeddedPostgres
 from projections.rebuild import verify
 from tests.general_events import encode, general_body
 from tests.signing import general_header
@@ -186,3 +188,41 @@ def test_database_outages_under_load_lose_nothing_acknowledged(
         _connections(pg_admin_url, name, allow=True)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
+
+
+def test_a_real_postgresql_restart_under_load_loses_nothing_acknowledged(
+        tmp_path: Path) -> None:
+    """The service's own PostgreSQL server (a private one, so the suite's is untouched) is
+    stopped and started twice while deliveries keep coming."""
+    server = EmbeddedPostgres(tmp_path / "pg")
+    url = server.start()
+    try:
+        migrate.upgrade(url)
+        port = free_port()
+        proc = serve(url, tmp_path, port)
+        wait_ready(port, proc)
+        try:
+            with Load(port, "R") as load:
+                for _cycle in range(2):
+                    time.sleep(1)
+                    server.stop()
+                    time.sleep(1.5)
+                    server.start()
+                time.sleep(1)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                stored = ledger_references(url)
+                if load.acked <= set(stored):
+                    break
+                time.sleep(0.2)
+            print(f"PostgreSQL restarted x2: sent {load.sent}, acknowledged "
+                  f"{len(load.acked)}, in the ledger {len(stored)}")
+            assert load.acked and load.acked <= set(stored)
+            assert len(stored) == len(set(stored))
+            caught_up(url)
+            assert asyncio.run(verify(url)).identical
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) == 0
+    finally:
+        server.stop()
