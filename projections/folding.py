@@ -57,7 +57,9 @@ class Discrepancy:
     reference: str
     detail: str
     amount_at_risk: Decimal | None
-    evidence: tuple[str, ...]  # dedupe keys of the events involved, sorted
+    # what the finding is about, sorted: the dedupe key of the one event it concerns, or
+    # marks such as ``outcome:failure`` that name the conflict whatever the arrival order
+    evidence: tuple[str, ...]
 
     @property
     def dedupe_key(self) -> str:

@@ -27,6 +27,12 @@ Row = dict[str, Any]
 
 PAYMENT_RANK = {"payment.failed": 1, "payment.confirmed": 2, "payment.refunded": 3}
 PAYOUT_RANK = {"payout.approved": 1, "payout.failed": 2, "payout.confirmed": 3}
+# A delivery's outcome comes from its code's band (``code % 100 >= 50`` is a failure) before
+# its event name, so the rank and the evidence slot follow the outcome: a payment.confirmed
+# carrying 91055 is a failure everywhere, never a success in one place and a failure in another.
+PAYMENT_RANK_BY_OUTCOME = {"failure": 1, "success": 2, "refunded": 3}
+PAYOUT_RANK_BY_OUTCOME = {"pending": 1, "failure": 2, "success": 3}
+SLOT_OF_OUTCOME = {"success": "confirmed", "refunded": "refunded", "failure": "failed"}
 SMS_RANK = {"sms.failed": 1, "sms.delivered": 2}
 # the invoice's own events outrank a part payment that carries the same block
 INVOICE_RANK = {"invoice.created": 0, "payment.confirmed": 1, "invoice.updated": 2,
@@ -48,9 +54,6 @@ def _event_key(event: StoredEvent, rank: int) -> SortKey:
 # a recovered state, and a recovered state never overrides a webhook of equal or higher rank.
 RECOVERED_EVENT = "reconcile.recovered"
 
-SLOT_OF_EVENT = {"payment.confirmed": "confirmed", "payment.refunded": "refunded",
-                 "payment.failed": "failed", "payout.confirmed": "confirmed",
-                 "payout.failed": "failed"}
 
 
 def _recovered_at(event: StoredEvent) -> datetime | None:
@@ -87,13 +90,22 @@ def _fold_money(row: Row | None, event: StoredEvent, *, kind: str, rank: int,
     state.setdefault("recovered", False)
     evidence: dict[str, list[Any]] = dict(state["evidence"])
     found: list[Discrepancy] = []
-    slot = None if recovered else SLOT_OF_EVENT.get(facts["event"])
+    slot = None if recovered else SLOT_OF_OUTCOME.get(facts["outcome"])
     if slot is not None:
-        found = _conflicts(evidence, slot, event.dedupe_key, amount, kind, reference)
+        found = _conflicts(evidence, slot, amount, kind, reference)
         held = evidence.get(slot)
         if held is None or key > key_from_json(held[0]):
             evidence[slot] = [key_to_json(key), event.dedupe_key,
                               None if amount is None else str(amount)]
+        if slot == "confirmed" and amount is not None:
+            evidence["amounts"] = sorted({*evidence.get("amounts", []), _amount_text(amount)},
+                                         key=Decimal)
+    if not recovered and facts.get("code_event_conflict"):
+        found.append(Discrepancy(
+            kind="conflicting_events", subject=kind, reference=reference,
+            detail=f"code {facts.get('code')} contradicts event {facts['event']}; the code's "
+                   f"band decides, so it counts as {facts['outcome']}",
+            amount_at_risk=amount or None, evidence=(event.dedupe_key,)))
     if state["winner"] is None or key > key_from_json(state["winner"]):
         state.update(candidate)
         state["winner"] = key_to_json(key)
@@ -108,30 +120,47 @@ def _fold_money(row: Row | None, event: StoredEvent, *, kind: str, rank: int,
     return state, found
 
 
-def _conflicts(evidence: dict[str, list[Any]], slot: str, dedupe_key: str,
-               amount: Decimal | None, kind: str, reference: str) -> list[Discrepancy]:
+def _amount_text(amount: Decimal) -> str:
+    """One spelling per value, so 700 and 700.00 are the same amount."""
+    return format(amount.normalize(), "f")
+
+
+def _conflicts(evidence: dict[str, Any], slot: str, amount: Decimal | None, kind: str,
+               reference: str) -> list[Discrepancy]:
+    """What this event contradicts among those folded before it.
+
+    A finding is named by what conflicts (the outcomes, the two amounts), not by which
+    events happened to arrive first, so every arrival order of the same events records the
+    same set of discrepancies: one for a failure beside a success, one per pair of
+    different confirmed amounts.
+    """
     success_slots = [s for s in ("confirmed", "refunded") if s in evidence]
     if slot == "failed" and success_slots and "failed" not in evidence:
         other = evidence[success_slots[0]]
-        return [_conflict(kind, reference, "a failure was reported after a success",
-                          decimal_or_none(other[2]), dedupe_key, other[1])]
+        return [_conflict(kind, reference, "a failure was reported beside a success",
+                          decimal_or_none(other[2]), "outcome:failure", "outcome:success")]
     if slot in ("confirmed", "refunded") and "failed" in evidence and not success_slots:
         return [_conflict(kind, reference, "a success was reported beside a failure",
-                          amount, dedupe_key, evidence["failed"][1])]
-    held = evidence.get("confirmed")
-    if slot == "confirmed" and held is not None and held[1] != dedupe_key:
-        seen = decimal_or_none(held[2])
-        if seen is not None and amount is not None and seen != amount:
-            return [_conflict(kind, reference, f"the amount changed from {seen} to {amount}",
-                              abs(seen - amount), dedupe_key, held[1])]
+                          amount, "outcome:failure", "outcome:success")]
+    if slot == "confirmed" and amount is not None:
+        mine = _amount_text(amount)
+        found = []
+        for seen in evidence.get("amounts", []):
+            if seen == mine:
+                continue
+            low, high = sorted((Decimal(seen), amount))
+            found.append(_conflict(
+                kind, reference, f"confirmations carry different amounts, {low} and {high}",
+                high - low, f"amount:{_amount_text(low)}", f"amount:{_amount_text(high)}"))
+        return found
     return []
 
 
 def _conflict(kind: str, reference: str, detail: str, at_risk: Decimal | None,
-              *keys: str) -> Discrepancy:
+              *marks: str) -> Discrepancy:
     return Discrepancy(kind="conflicting_events", subject=kind, reference=reference,
                        detail=f"{detail}; kept the best-supported state",
-                       amount_at_risk=at_risk, evidence=tuple(sorted(keys)))
+                       amount_at_risk=at_risk, evidence=tuple(sorted(marks)))
 
 
 # -- payments (collections) ---------------------------------------------------------------
@@ -141,8 +170,7 @@ def _recovered_subject(event: StoredEvent) -> str | None:
 
 
 def _rank(ranks: dict[str, int], event: StoredEvent) -> int:
-    name = event.facts["event"] if event.event_type == RECOVERED_EVENT else event.event_type
-    return ranks[name]
+    return ranks.get(event.facts["outcome"], 0)
 
 
 def payment_keys(event: StoredEvent) -> list[str]:
@@ -162,7 +190,7 @@ def fold_payment(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrep
         "mno": customer.get("mno"),
         "invoice_no": invoice.get("invoice_no"),
     }
-    return _fold_money(row, event, kind="collection", rank=_rank(PAYMENT_RANK, event),
+    return _fold_money(row, event, kind="collection", rank=_rank(PAYMENT_RANK_BY_OUTCOME, event),
                        descriptive=descriptive)
 
 
@@ -178,7 +206,7 @@ def fold_payout(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrepa
     facts = _facts(event)
     descriptive = {"transaction_id": facts.get("transaction_id"),
                    "customer_reference": facts.get("customer_reference")}
-    new, found = _fold_money(row, event, kind="payout", rank=_rank(PAYOUT_RANK, event),
+    new, found = _fold_money(row, event, kind="payout", rank=_rank(PAYOUT_RANK_BY_OUTCOME, event),
                              descriptive=descriptive)
     # the provider refunds a failed payout's balance to the wallet by itself
     new["refunded_to_wallet"] = new["outcome"] == "failure"
@@ -193,24 +221,31 @@ def sms_keys(event: StoredEvent) -> list[str]:
 
 def fold_sms(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrepancy]]:
     facts = _facts(event)
-    rank = SMS_RANK[event.event_type]
+    # the code's band decides over the event name, as for payments
+    status = "delivered" if facts.get("outcome") == "success" else "failed"
+    rank = SMS_RANK[f"sms.{status}"]
     key = _event_key(event, rank)
-    status = "delivered" if event.event_type == "sms.delivered" else "failed"
     candidate = {"message_id": facts["reference"], "status": status, "code": facts.get("code"),
                  "updated_at": event.occurred_at}
     descriptive = {"recipient": facts.get("customer_reference")}
+    found: list[Discrepancy] = []
+    if facts.get("code_event_conflict"):
+        found.append(Discrepancy(
+            kind="conflicting_events", subject="sms", reference=facts["reference"],
+            detail=f"code {facts.get('code')} contradicts event {facts['event']}; the code's "
+                   f"band decides, so it counts as {status}",
+            amount_at_risk=None, evidence=(event.dedupe_key,)))
     if row is None:
         values, provenance = merge_descriptive({}, {}, descriptive, key)
         return {**candidate, **values, "winner": key_to_json(key), "provenance": provenance,
-                "statuses": [status], "conflicted": False, "event_count": 1,
-                "last_position": event.position}, []
-    found: list[Discrepancy] = []
+                "statuses": [status], "conflicted": bool(found), "event_count": 1,
+                "last_position": event.position}, found
     statuses = sorted(set(row["statuses"]) | {status})
     if len(statuses) == 2 and len(row["statuses"]) == 1:  # delivered and failed, first time
         found.append(Discrepancy(
             kind="conflicting_events", subject="sms", reference=facts["reference"],
             detail="both delivered and failed were reported; kept delivered",
-            amount_at_risk=None, evidence=(event.dedupe_key,)))
+            amount_at_risk=None, evidence=("status:delivered", "status:failed")))
     values, provenance = merge_descriptive({"recipient": row.get("recipient")}, row["provenance"],
                                            descriptive, key)
     base = candidate if key > key_from_json(row["winner"]) else {k: row[k] for k in candidate}

@@ -139,11 +139,30 @@ def fold_touched(projection: Projection, touched: Sequence[tuple[str, StoredEven
     changed: dict[str, Row] = {}
     findings: list[Finding] = []
     for key, event in touched:
-        new, found = projection.fold(changed.get(key, known.get(key)), event)
+        try:
+            new, found = projection.fold(changed.get(key, known.get(key)), event)
+        except Exception as exc:  # noqa: BLE001 - one bad event must not stall every projection
+            findings.append(Finding(unprojectable(projection, key, event, exc), event))
+            continue
         changed[key] = new
         if found:
             findings.extend(Finding(d, event) for d in found)
     return changed, findings
+
+
+def unprojectable(projection: Projection, key: str, event: StoredEvent,
+                  exc: Exception) -> Discrepancy:
+    """An event a fold cannot apply is left out of that projection and reported.
+
+    Folds are pure, so the same event fails the same way in a rebuild: leaving it out keeps
+    live and rebuilt projections equal, and the discrepancy tells an operator which event to
+    look at, instead of the projector retrying one batch for ever.
+    """
+    return Discrepancy(
+        kind="unprojectable_event", subject=projection.table, reference=key,
+        detail=f"event {event.position} ({event.event_type}) could not be folded into "
+               f"{projection.table}: {type(exc).__name__}; it was left out of that projection",
+        amount_at_risk=None, evidence=(event.dedupe_key,))
 
 
 async def apply_events(conn: Connection, events: Sequence[StoredEvent], *,

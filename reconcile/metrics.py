@@ -9,7 +9,8 @@ from datetime import UTC, datetime
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 KINDS = ("missing_webhook", "status_mismatch", "amount_mismatch", "unresolved",
-         "unknown_at_provider", "conflicting_events", "unsettled_paid_invoice")
+         "unknown_at_provider", "conflicting_events", "unsettled_paid_invoice",
+         "unprojectable_event")
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,8 @@ ACTIONS = {
                           "and confirm the state kept.",
     "unsettled_paid_invoice": "invoice.paid arrived with money still due: do not treat the "
                               "invoice as settled; collect the outstanding amount.",
+    "unprojectable_event": "A ledger event could not be folded into a projection and was "
+                           "left out of it; the event is kept. Report it with its position.",
 }
 
 

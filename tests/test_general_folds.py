@@ -82,6 +82,45 @@ def test_a_confirmation_whose_amount_changes_is_a_conflict() -> None:
     assert rows["P"]["amount"] == Decimal("900")  # the later one is kept, the change flagged
 
 
+def test_confirmations_with_different_amounts_are_flagged_alike_in_every_order() -> None:
+    """The same set of events records the same discrepancies whatever order they come in."""
+    from itertools import permutations
+    events = [ev("payment.confirmed", 91000, reference="P", amount=amount, transaction_id=tx,
+                 timestamp=ts)
+              for amount, tx, ts in [(700, "TX-1", "20261122083000"),
+                                     (900, "TX-2", "20261122083100"),
+                                     (700.00, "TX-3", "20261122083200")]]
+    seen = set()
+    for order in permutations(events):
+        rows, found = fold_all("payments", list(order))
+        seen.add(frozenset((d.dedupe_key, d.amount_at_risk) for d in found))
+        assert rows["P"]["amount"] == Decimal("700") and rows["P"]["conflicted"]
+    assert len(seen) == 1
+    (only,) = seen
+    assert [risk for _, risk in only] == [Decimal("200")]
+
+
+def test_a_failure_code_on_a_confirmation_counts_as_a_failure_everywhere() -> None:
+    """The code's band decides: outcome, rank and conflict evidence agree, and it is flagged."""
+    odd = ev("payment.confirmed", 91055, reference="P", amount=0, status="FAILED")
+    fail = ev("payment.failed", 91053, reference="P", amount=0, timestamp="20261122083100")
+    rows, found = fold_all("payments", [odd, fail])
+    assert (rows["P"]["outcome"], rows["P"]["code"]) == ("failure", 91053)
+    assert [d.detail.split(";")[0] for d in found] == [
+        "code 91055 contradicts event payment.confirmed"]
+    confirm = ev("payment.confirmed", 91000, reference="P", amount=500,
+                 timestamp="20261122083200")
+    rows, found = fold_all("payments", [odd, fail, confirm])
+    assert rows["P"]["outcome"] == "success"
+    assert {d.evidence for d in found} >= {("outcome:failure", "outcome:success")}
+
+
+def test_an_unlisted_failure_band_code_is_a_failure() -> None:
+    rows, found = fold_all("payments", [ev("payment.failed", 91077, reference="P", amount=0,
+                                           transaction_id="-1")])
+    assert (rows["P"]["outcome"], rows["P"]["code"], found) == ("failure", 91077, [])
+
+
 # -- payouts ------------------------------------------------------------------------------
 
 def test_payout_approved_then_confirmed() -> None:
@@ -101,6 +140,18 @@ def test_a_failed_payout_is_refunded_to_the_wallet() -> None:
         ev("payout.failed", 92057, reference="O", service="Disbursement", amount=0,
            transaction_id="-1", status="FAILED")])
     assert (rows["O"]["outcome"], rows["O"]["refunded_to_wallet"]) == ("failure", True)
+
+
+def test_a_payout_failure_beside_a_confirmation_is_a_conflict_and_not_refunded() -> None:
+    confirmed = ev("payout.confirmed", 92000, reference="O", service="Disbursement",
+                   amount=1000)
+    failed = ev("payout.failed", 92055, reference="O", service="Disbursement", amount=0,
+                transaction_id="-1", timestamp="20261122083100")
+    for order in ([confirmed, failed], [failed, confirmed]):
+        rows, found = fold_all("payouts", order)
+        assert (rows["O"]["outcome"], rows["O"]["refunded_to_wallet"]) == ("success", False)
+        assert [(d.kind, d.evidence) for d in found] == [
+            ("conflicting_events", ("outcome:failure", "outcome:success"))]
 
 
 # -- invoices -----------------------------------------------------------------------------
@@ -178,7 +229,14 @@ def test_sms_reported_both_ways_keeps_delivered_and_flags_it() -> None:
                      amount=0) for name in order]
         rows, found = fold_all("sms_messages", events)
         assert rows["M"]["status"] == "delivered" and rows["M"]["conflicted"]
-        assert len(found) == 1
+        assert [d.evidence for d in found] == [("status:delivered", "status:failed")]
+
+
+def test_an_sms_delivered_with_a_failure_code_is_failed_and_flagged() -> None:
+    rows, found = fold_all("sms_messages", [ev("sms.delivered", 94055, reference="M",
+                                                amount=0)])
+    assert rows["M"]["status"] == "failed"
+    assert [d.kind for d in found] == ["conflicting_events"]
 
 
 def test_unrecognised_events_touch_no_projection() -> None:

@@ -151,6 +151,10 @@ def test_verify_names_a_row_that_differs_from_a_rebuild(db_url: str) -> None:
                             "reference = %s", (victim,)).fetchone() == (1,)
 
 
+class PowerCut(BaseException):
+    """The process stops mid-batch (not a fold's error, which is reported and skipped)."""
+
+
 def test_a_crash_mid_batch_applies_nothing_and_a_restart_catches_up(db_url: str) -> None:
     events = mixed_events(60, seed=3)
     asyncio.run(append_all(db_url, events))
@@ -161,7 +165,7 @@ def test_a_crash_mid_batch_applies_nothing_and_a_restart_catches_up(db_url: str)
         def fold(row: Any, event: Any) -> Any:
             calls["n"] += 1
             if calls["n"] > after:
-                raise RuntimeError("power cut")
+                raise PowerCut("power cut")
             return p.fold(row, event)
         return dataclasses.replace(p, fold=fold)
 
@@ -170,7 +174,7 @@ def test_a_crash_mid_batch_applies_nothing_and_a_restart_catches_up(db_url: str)
             await project_batch(conn, batch_size=25)  # one clean batch first
             before = snapshot(db_url)
             broken = [exploding(p, after=5) for p in PROJECTIONS]
-            with pytest.raises(RuntimeError, match="power cut"):
+            with pytest.raises(PowerCut, match="power cut"):
                 await project_batch(conn, batch_size=25, projections=broken)
             assert snapshot(db_url) == before  # nothing of the broken batch remains
         await project_all(db_url)
@@ -259,3 +263,40 @@ def test_discrepancies_found_while_projecting_become_ledger_events_once(db_url: 
     assert settled == (False, "partially_paid")
     assert Counter(k for _, _, k, _, _ in found) == {"conflicting_events": 1,
                                                      "unsettled_paid_invoice": 1}
+
+
+def test_an_event_no_fold_can_apply_is_reported_and_the_projector_goes_on(db_url: str) -> None:
+    """A fold that raises leaves that one event out of that projection, records an
+    ``unprojectable_event`` discrepancy in the ledger, and every other event still lands."""
+    payments = next(p for p in PROJECTIONS if p.table == "payments")
+
+    def brittle(row: Any, event: Any) -> Any:
+        if event.facts["reference"] == "BAD":
+            raise KeyError("a field no rule foresaw")
+        return payments.fold(row, event)
+
+    events = [new_event("payment.confirmed", 91000, reference=ref, amount=100)
+              for ref in ("A", "BAD", "C")]
+    asyncio.run(append_all(db_url, events))
+    projections = [dataclasses.replace(payments, fold=brittle)]
+
+    async def project() -> None:
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+            while await project_batch(conn, batch_size=2, projections=projections):
+                pass
+
+    asyncio.run(project())
+    with psycopg.connect(db_url) as conn:
+        refs = [r for (r,) in conn.execute(
+            "SELECT reference FROM hookledger.payments ORDER BY 1").fetchall()]
+        head = conn.execute("SELECT max(position) FROM hookledger.ledger "
+                            "WHERE source = 'general'").fetchone()
+        checkpoint = conn.execute("SELECT min(position) FROM "
+                                  "hookledger_private.projection_checkpoints").fetchone()
+    assert refs == ["A", "C"]
+    assert head is not None and checkpoint is not None and checkpoint[0] >= head[0]
+    with psycopg.connect(db_url) as conn:
+        kinds = conn.execute("SELECT payload->>'kind', payload->>'subject', "
+                             "payload->>'reference' FROM hookledger.ledger "
+                             "WHERE source = 'projector'").fetchall()
+    assert kinds == [("unprojectable_event", "payments", "BAD")]
