@@ -7,19 +7,25 @@ from starlette.responses import JSONResponse, Response
 
 from hookledger.admin_api import AdminRoute
 from ingest.chat_rotation import ROTATE_RESPONSE_SCHEMA, admin_rotate_secret
+from projections.live import leader_query
 
 
 async def status(request: Request) -> Response:
     """Where the ledger and the projector stand."""
     pool = request.app.state.runtime.pool
+    leader_sql, (hi, lo) = leader_query()
     async with pool.connection() as conn:
         cur = await conn.execute(
             "SELECT (SELECT coalesce(max(position), 0) FROM hookledger_private.ledger_events),"
             " (SELECT coalesce(min(position), 0) FROM "
             "hookledger_private.projection_checkpoints)")
         head, projected = await cur.fetchone()
+        # asked of PostgreSQL, so it is true whichever process of this serve projects
+        cur = await conn.execute(leader_sql, {"hi": hi, "lo": lo,
+                                              "name": request.app.state.projector_name})
+        (leader,) = await cur.fetchone()
     return JSONResponse({"ledger_head": head, "projected_to": projected,
-                         "projector_leader": request.app.state.projector.is_leader})
+                         "projector_leader": bool(leader)})
 
 
 STATUS_SCHEMA = {"type": "object", "properties": {

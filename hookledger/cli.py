@@ -95,14 +95,18 @@ def serve() -> None:
 def _serve_workers(settings: Settings, url: str, started: float) -> None:
     """Several worker processes on one listening socket (the kernel spreads connections).
 
-    This process keeps the embedded database (if any) and supervises; each worker builds
-    the app from the environment, with the database URL handed down. Projector and
-    reconciliation elect one leader among them, as among separate ``serve`` processes.
+    This process keeps the embedded database (if any), supervises, and runs the live
+    projector in a thread; each worker builds the app from the environment, with the
+    database URL handed down, and only ingests (reconciliation elects one leader among them,
+    as among separate ``serve`` processes).
     """
     import os
 
     import uvicorn
     from uvicorn.supervisors import Multiprocess
+
+    from hookledger.app import live_projector
+    from projections.live import ProjectorThread
 
     os.environ["HOOKLEDGER_DATABASE_URL"] = url
     config = uvicorn.Config(
@@ -113,7 +117,13 @@ def _serve_workers(settings: Settings, url: str, started: float) -> None:
     sock = config.bind_socket()
     log.info("service.workers", workers=settings.workers,
              seconds=round(time.perf_counter() - started, 3))
-    Multiprocess(config, sockets=[sock]).run()
+    # the workers only answer; folding runs here, beside the supervisor, off their loops
+    projector = ProjectorThread(live_projector(settings, url))
+    projector.start()
+    try:
+        Multiprocess(config, sockets=[sock]).run()
+    finally:
+        projector.stop()
 
 
 def _announce_when_ready(server: Any, settings: Settings, started: float) -> None:

@@ -113,6 +113,7 @@ class Settings(BaseSettings):
     append_timeout_s: float = Field(default=2.0, gt=0)
     rejected_keep: int = Field(default=100_000, gt=0)
     projector_batch_size: int = Field(default=1000, gt=0)
+    projector_coalesce_ms: float = Field(default=50.0, ge=0, le=5000)
     # chat capability: API field names the spec does not give, error table, media worker
     chat_rotate_secret_field: str = Field(default="secret", min_length=1)
     chat_webhook_field: str = Field(default="webhookUrl", min_length=1)

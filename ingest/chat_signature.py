@@ -102,7 +102,7 @@ def parse_header(header: str | None) -> ChatSignature:
 def expected_digest(secret: bytes, timestamp_text: str, body: bytes) -> str:
     """The hex ``v1`` a sender holding ``secret`` puts on ``body`` at ``timestamp_text``."""
     signed = timestamp_text.encode("ascii") + b"." + body
-    return hmac.new(secret, signed, hashlib.sha256).hexdigest()
+    return hmac.digest(secret, signed, hashlib.sha256).hex()  # one-shot, in C
 
 
 def verify(body: bytes, header: str | None, secrets: Sequence[tuple[str, bytes]], *,

@@ -8,6 +8,8 @@ from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
+import orjson
+
 
 def _default(value: Any) -> Any:
     if isinstance(value, Decimal):
@@ -20,6 +22,13 @@ def _default(value: Any) -> Any:
 
 
 def dumps(value: Any) -> str:
-    """Serialise deterministically (sorted keys) so equal content gives equal text."""
-    return json.dumps(value, default=_default, sort_keys=True, separators=(",", ":"),
-                      ensure_ascii=False, allow_nan=False)
+    """Serialise deterministically (sorted keys) so equal content gives equal text.
+
+    orjson does it about ten times faster (this runs for every delivery); what it refuses
+    (an integer past 64 bits, a non-string key) takes the standard library's way.
+    """
+    try:
+        return orjson.dumps(value, default=_default, option=orjson.OPT_SORT_KEYS).decode()
+    except TypeError:  # orjson.JSONEncodeError is a TypeError
+        return json.dumps(value, default=_default, sort_keys=True, separators=(",", ":"),
+                          ensure_ascii=False, allow_nan=False)

@@ -7,7 +7,6 @@ commits. Either way a result is returned only for committed (or joined) work.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -38,7 +37,7 @@ def _columns(events: Sequence[NewEvent]) -> dict[str, list[Any]]:
         "endpoint": [e.endpoint for e in events],
         "verified_by": [e.verified_by for e in events],
         "raw_body": [e.raw_body for e in events],
-        "headers": [json.dumps(dict(e.headers), sort_keys=True) for e in events],
+        "headers": [dumps(dict(e.headers)) for e in events],
         "payload": [e.payload_json for e in events],
         "facts": [dumps(dict(e.facts)) for e in events],
         "occurred_at": [e.occurred_at for e in events],
@@ -68,13 +67,22 @@ class LedgerStore:
         self._acquire_timeout_s = acquire_timeout_s  # None: the pool's own timeout
 
     async def append(self, events: Sequence[NewEvent]) -> list[AppendResult]:
-        """Append events in one transaction; return when it has committed."""
+        """Append events atomically; return when they have committed.
+
+        The batch is one INSERT statement on an autocommit connection: a statement is its
+        own transaction, so it commits whole or not at all, without the BEGIN and COMMIT
+        round trips of an explicit transaction (a third of a small batch's cost). Looking
+        up the positions of duplicates afterwards needs no transaction: a conflicting row
+        is committed by the time ON CONFLICT skips over it.
+        """
         if not events:
             return []
         async with translated_errors(), \
                 self._pool.connection(timeout=self._acquire_timeout_s) as conn:
-            async with conn.transaction():
-                return await append_in(conn, events)
+            if not conn.autocommit:
+                async with conn.transaction():
+                    return await append_in(conn, events)
+            return await append_in(conn, events)
 
     async def read(self, after: int = 0, limit: int = 1000) -> list[StoredEvent]:
         """Events with position greater than ``after``, in order, at most ``limit``."""

@@ -4,13 +4,23 @@ Every ``serve`` process runs one of these; the one holding the projector advisor
 projects, the others wait to take over (the lock is a session lock, so it is released
 when the leader's connection dies, and a standby gets it within ``standby_retry_s``). The
 leader wakes on the ledger's NOTIFY after each commit, and polls every ``poll_s`` in case a
-notification is missed.
+notification is missed. After a wake-up it lets ``coalesce_s`` pass before projecting, so
+that under load a batch holds the deliveries of that interval rather than of one commit:
+the fixed cost of a batch (checkpoint lock, staging, commit) is then shared by many events,
+for a delay far inside the few hundred milliseconds a reader may wait.
+
+With several HTTP workers in one ``serve``, the supervisor process runs the projector (see
+:class:`ProjectorThread`), so folding never competes with answering on a worker's loop.
+The leader's connection carries ``application_name`` ``hookledger-projector:<pid>``, which
+is how any process can tell from PostgreSQL who leads (:func:`leader_query`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import threading
 from typing import Any
 
 import psycopg
@@ -20,17 +30,36 @@ from projections.projector import connect, project_batch
 
 PROJECTOR_LOCK_KEY = 0x686F6F6B70726F6A  # "hookproj"
 NOTIFY_CHANNEL = "hookledger_ledger"
+APPLICATION_PREFIX = "hookledger-projector:"
+
+
+def application_name(pid: int | None = None) -> str:
+    return f"{APPLICATION_PREFIX}{os.getpid() if pid is None else pid}"
+
+
+def leader_query() -> tuple[str, tuple[int, int]]:
+    """SQL (and its parameters but the name) telling whether the projector lock is held by
+    the session named ``%(name)s``: an advisory lock on a bigint key shows in ``pg_locks``
+    as its high and low 32 bits."""
+    return ("SELECT EXISTS (SELECT 1 FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
+            "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 "
+            "AND l.classid::bigint = %(hi)s AND l.objid::bigint = %(lo)s "
+            "AND a.application_name = %(name)s)",
+            (PROJECTOR_LOCK_KEY >> 32, PROJECTOR_LOCK_KEY & 0xFFFFFFFF))
 
 log = structlog.get_logger("hookledger.projector")
 
 
 class LiveProjector:
     def __init__(self, url: str, *, batch_size: int = 1000, poll_s: float = 1.0,
-                 standby_retry_s: float = 2.0) -> None:
+                 standby_retry_s: float = 2.0, coalesce_s: float = 0.0,
+                 name: str | None = None) -> None:
         self._url = url
         self._batch_size = batch_size
         self._poll_s = poll_s
         self._standby_retry_s = standby_retry_s
+        self._coalesce_s = coalesce_s
+        self.name = name or application_name()
         self._stop = asyncio.Event()
         self.is_leader = False
         self.applied = 0
@@ -52,7 +81,7 @@ class LiveProjector:
             await self._sleep(self._standby_retry_s)
 
     async def _session(self) -> None:
-        async with await connect(self._url) as conn:
+        async with await connect(self._url, application_name=self.name) as conn:
             while not self._stop.is_set():
                 cur = await conn.execute("SELECT pg_try_advisory_lock(%s)",
                                          (PROJECTOR_LOCK_KEY,))
@@ -70,6 +99,8 @@ class LiveProjector:
                 self.applied += applied
                 if applied < self._batch_size:
                     await self._wait_for_news(conn)
+                    if self._coalesce_s:
+                        await self._sleep(self._coalesce_s)
 
     async def _wait_for_news(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Return on the next NOTIFY, after ``poll_s``, or at once when stopped.
@@ -91,3 +122,36 @@ class LiveProjector:
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stop.wait(), timeout=seconds)
+
+
+class ProjectorThread:
+    """A live projector on its own event loop in a thread of this process.
+
+    ``serve`` with several HTTP workers runs the projector here, in the supervisor, which
+    otherwise only waits on its workers.
+    """
+
+    def __init__(self, projector: LiveProjector) -> None:
+        self.projector = projector
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="hookledger-projector",
+                                        daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+        self._ready.wait(timeout=10)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop at a batch boundary (the batch in flight commits) and wait for it."""
+        if self._loop is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self.projector.stop)
+        self._thread.join(timeout)
+
+    def _main(self) -> None:
+        async def run() -> None:
+            self._loop = asyncio.get_running_loop()
+            self._ready.set()
+            await self.projector.run()
+
+        asyncio.run(run())

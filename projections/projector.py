@@ -59,13 +59,14 @@ def discrepancy_event(finding: Finding, now: datetime) -> NewEvent:
                     received_at=now, facts=payload, occurred_at=finding.cause.occurred_at)
 
 
-async def connect(url: str) -> Connection:
+async def connect(url: str, *, application_name: str | None = None) -> Connection:
     """A connection set up for folding: autocommit, orjson, and sessions in UTC.
 
     In UTC the driver builds datetimes with ``timezone.utc`` rather than a ``ZoneInfo``,
     which takes a fifth off reading the ledger (measured); the values are the same instants.
     """
-    conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
+    extra: dict[str, Any] = {"application_name": application_name} if application_name else {}
+    conn = await psycopg.AsyncConnection.connect(url, autocommit=True, **extra)
     await conn.execute("SET TimeZone = 'UTC'")
     use_fast_json(conn)
     return conn
