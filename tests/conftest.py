@@ -81,3 +81,13 @@ async def pool(db_url: str) -> AsyncIterator[AsyncConnectionPool]:
     async with AsyncConnectionPool(db_url, min_size=1, max_size=20, open=False,
                                    kwargs={"autocommit": True}) as p:
         yield p
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The fault tests' figures: what was sent, acknowledged and found in the ledger."""
+    from tests.fault_report import FIGURES
+
+    if FIGURES:
+        terminalreporter.section("fault cases")
+        for line in FIGURES:
+            terminalreporter.write_line(line)

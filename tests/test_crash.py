@@ -25,6 +25,7 @@ from psycopg.conninfo import conninfo_to_dict
 from hookledger import migrate
 from hookledger.embedded_postgres import EmbeddedPostgres
 from projections.rebuild import verify
+from tests.fault_report import record
 from tests.general_events import encode, general_body
 from tests.signing import general_header
 from tests.test_serve_process import free_port, wait_ready
@@ -51,6 +52,7 @@ class Load:
     def __init__(self, port: int, tag: str, threads: int = 6) -> None:
         self.port, self.tag = port, tag
         self.acked: set[str] = set()
+        self.spooled = 0  # acknowledged from the local spool, the database being away
         self.sent = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -84,6 +86,7 @@ class Load:
                     self.sent += 1
                     if 200 <= answer.status_code < 300:
                         self.acked.add(reference)
+                        self.spooled += bool(answer.json().get("spooled"))
 
 
 def ledger_references(db_url: str) -> list[str]:
@@ -121,8 +124,8 @@ def test_kill_9_under_load_loses_nothing_acknowledged(db_url: str, tmp_path: Pat
     try:
         caught_up(db_url)
         stored = ledger_references(db_url)
-        print(f"kill -9 x3: sent {load.sent}, acknowledged {len(load.acked)}, "
-              f"in the ledger {len(stored)}")
+        record("kill -9 x3 under load", sent=load.sent, acknowledged=len(load.acked),
+               stored=len(stored))
         assert load.acked and load.acked <= set(stored)
         assert len(stored) == len(set(stored))  # once each
         result = asyncio.run(verify(db_url))
@@ -146,8 +149,8 @@ def test_sigterm_under_load_finishes_in_flight_work_and_exits_0(db_url: str,
     assert code == 0, (tmp_path / f"serve-{port}.log").read_text()[-2000:]
     assert took < 35, f"shutdown took {took:.1f} s"
     stored = ledger_references(db_url)
-    print(f"SIGTERM: sent {load.sent}, acknowledged {len(load.acked)}, in the ledger "
-          f"{len(stored)}, stopped in {took:.2f} s")
+    record("SIGTERM under load", sent=load.sent, acknowledged=len(load.acked),
+           stored=len(stored), stopped_in=f"{took:.2f} s")
     assert load.acked and load.acked <= set(stored)
     with psycopg.connect(db_url) as conn:  # the projector stopped at a batch boundary
         row = conn.execute("SELECT count(DISTINCT position) FROM "
@@ -178,9 +181,11 @@ def test_database_outages_under_load_lose_nothing_acknowledged(
             if load.acked <= set(stored):
                 break
             time.sleep(0.2)
-        print(f"outages x2: sent {load.sent}, acknowledged {len(load.acked)}, "
-              f"in the ledger {len(stored)}")
+        record("database connections cut and refused x2", sent=load.sent,
+               acknowledged=len(load.acked), stored=len(stored),
+               acknowledged_from_the_spool=load.spooled)
         assert load.acked and load.acked <= set(stored)
+        assert load.spooled > 0  # the outage was real: some answers came from the spool
         assert len(stored) == len(set(stored))
         caught_up(db_url)
         assert asyncio.run(verify(db_url)).identical
@@ -215,9 +220,11 @@ def test_a_real_postgresql_restart_under_load_loses_nothing_acknowledged(
                 if load.acked <= set(stored):
                     break
                 time.sleep(0.2)
-            print(f"PostgreSQL restarted x2: sent {load.sent}, acknowledged "
-                  f"{len(load.acked)}, in the ledger {len(stored)}")
+            record("PostgreSQL stopped and started x2", sent=load.sent,
+                   acknowledged=len(load.acked), stored=len(stored),
+                   acknowledged_from_the_spool=load.spooled)
             assert load.acked and load.acked <= set(stored)
+            assert load.spooled > 0  # the outage was real: some answers came from the spool
             assert len(stored) == len(set(stored))
             caught_up(url)
             assert asyncio.run(verify(url)).identical

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hmac
+
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ingest.general_signature import GeneralSignatureError, verify
@@ -66,3 +68,35 @@ def test_arbitrary_input_only_ever_fails_with_a_reason(body: bytes, header: str 
         verify(body, header, b"secret")
     except GeneralSignatureError as exc:
         assert exc.reason in {"missing_signature", "malformed_signature", "bad_signature"}
+
+
+HEX = "0123456789abcdefABCDEF"
+
+
+@settings(max_examples=1500, deadline=None)
+@given(body=st.binary(max_size=256), secret=st.binary(min_size=1, max_size=32),
+       prefix=st.sampled_from(["sha256=", "SHA256=", "sha256 =", " sha256=", "sha256=="]),
+       digest=st.text(st.sampled_from(HEX + "gz= \t,\u00e9"), max_size=70),
+       pad=st.sampled_from(["", " ", "\t", "\n"]))
+def test_near_miss_headers_verify_only_when_they_carry_the_right_digest(
+        body: bytes, secret: bytes, prefix: str, digest: str, pad: str) -> None:
+    """Headers built to look like ``sha256=<hex>``: a wrong prefix or digest is refused with
+    a reason, never a crash, and a header verifies only when it carries the right digest."""
+    header = pad + prefix + digest + pad
+    right = hmac.digest(secret, body, "sha256").hex()
+    try:
+        verify(body, header, secret)
+    except GeneralSignatureError as err:
+        assert err.reason in {"missing_signature", "malformed_signature", "bad_signature"}
+        assert not (prefix.strip() == "sha256=" and digest.lower() == right)
+    else:
+        assert prefix.strip() == "sha256=" and digest.lower() == right
+
+
+@settings(max_examples=500, deadline=None)
+@given(body=st.binary(max_size=256), secret=st.binary(min_size=1, max_size=32),
+       upper=st.booleans())
+def test_the_right_digest_verifies_in_either_case(body: bytes, secret: bytes,
+                                                  upper: bool) -> None:
+    right = hmac.digest(secret, body, "sha256").hex()
+    verify(body, "sha256=" + (right.upper() if upper else right), secret)

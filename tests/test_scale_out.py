@@ -14,6 +14,7 @@ import httpx
 import psycopg
 import pytest
 
+from tests.fault_report import FIGURES
 from tests.general_events import encode, general_body
 from tests.signing import general_header
 from tests.test_serve_process import free_port, wait_ready
@@ -78,7 +79,8 @@ def test_both_ingest_one_projects_and_the_survivor_takes_over(db_url: str,
         survivor = ports[1 - leader]
         deliver(survivor, "SC-after")
         took = visible(db_url, "SC-after", within=15)
-        print(f"projection handed over: SC-after visible {took:.2f} s after the kill")
+        FIGURES.append(f"scale-out: projector leader killed (-9); the survivor projected "
+                       f"a new delivery {took:.2f} s later")
         assert leads(survivor)
     finally:
         for proc in procs:

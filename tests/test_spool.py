@@ -110,7 +110,9 @@ def test_deliveries_during_an_outage_are_spooled_answered_and_drained_in_order(
             assert all(a["spooled"] and a["position"] is None for a in answers)
             ready = client.get(f"{base}/readyz")
             assert ready.status_code == 503 and ready.json()["spool_bytes"] > 0
-            assert "hookledger_deliveries_spooled_total" in client.get(f"{base}/metrics").text
+            metrics = client.get(f"{base}/metrics").text
+            assert "hookledger_deliveries_spooled_total" in metrics
+            assert gauge(metrics, "hookledger_spool_bytes") == ready.json()["spool_bytes"]
         finally:
             _connections(pg_admin_url, name, allow=True)
         # back: until the backlog is drained, new deliveries queue behind it (order kept)
@@ -145,3 +147,34 @@ async def test_an_event_the_ledger_refuses_is_quarantined_and_the_rest_drained(
     assert kept == [poison] and damage == []
     assert list(tmp_path.glob("spool-*.hls")) == [] and spool.backlog == 0
     assert drainer.quarantined == 1
+
+
+def gauge(metrics: str, name: str) -> float:
+    (line,) = [x for x in metrics.splitlines() if x.startswith(name + " ")]
+    return float(line.split()[1])
+
+
+def test_only_when_neither_the_database_nor_the_spool_can_take_it_is_the_answer_503(
+        db_url: str, pg_admin_url: str, tmp_path: Path) -> None:
+    """Database refusing connections and the spool folder unusable: 503 with Retry-After,
+    nothing stored; once the spool can be written again, 200 from the spool."""
+    name = str(conninfo_to_dict(db_url)["dbname"])
+    raw = encode(general_body("payment.confirmed", 91000, reference="NOWHERE"))
+    headers = {"x-service-signature": general_header("s3cret", raw)}
+    with running_service(db_url, general_secrets="main=s3cret", home=tmp_path,
+                         append_timeout_s=0.5) as base, httpx.Client(timeout=30) as client:
+        folder = tmp_path / "spool"
+        folder.rmdir()
+        folder.write_text("a file where the spool folder should be")  # even root cannot
+        _connections(pg_admin_url, name, allow=False)
+        try:
+            answer = client.post(f"{base}/webhooks/general/main", content=raw, headers=headers)
+            assert answer.status_code == 503, answer.text
+            assert answer.headers["retry-after"] == "1"
+            assert answer.json() == {"status": "unavailable", "reason": "ledger_unavailable"}
+            folder.unlink()
+            folder.mkdir()
+            answer = client.post(f"{base}/webhooks/general/main", content=raw, headers=headers)
+            assert answer.status_code == 200 and answer.json()["spooled"] is True
+        finally:
+            _connections(pg_admin_url, name, allow=True)
