@@ -28,7 +28,7 @@ from projections.rebuild import verify
 from tests.fault_report import record
 from tests.general_events import encode, general_body
 from tests.signing import general_header
-from tests.test_serve_process import free_port, wait_ready
+from tests.test_serve_process import free_port, postgres_running, wait_ready
 from tests.test_spool import _connections
 
 pytestmark = pytest.mark.slow
@@ -233,3 +233,62 @@ def test_a_real_postgresql_restart_under_load_loses_nothing_acknowledged(
             assert proc.wait(timeout=60) == 0
     finally:
         server.stop()
+
+
+def test_sigterm_under_load_with_workers_and_the_embedded_database(tmp_path: Path) -> None:
+    """The way most people run it: two HTTP workers, the projector in the supervisor, the
+    embedded PostgreSQL. SIGTERM under load: exit 0 in bounded time, the embedded server
+    stopped, every acknowledged delivery kept, and the projections equal to a rebuild."""
+    home, port = tmp_path / "home", free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKLEDGER_")}
+    env.update(HOOKLEDGER_HOME=str(home), HOOKLEDGER_PORT=str(port),
+               HOOKLEDGER_GENERAL_SECRETS=f"main={SECRET}", HOOKLEDGER_WORKERS="2",
+               HOOKLEDGER_LOG_LEVEL="warning")
+    with open(tmp_path / "serve.log", "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "hookledger", "serve"], env=env,
+                                stdout=subprocess.DEVNULL, stderr=log)
+    wait_ready(port, proc, timeout=120)
+    with Load(port, "W") as load:
+        time.sleep(2)
+        asked = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=90)
+        took = time.monotonic() - asked
+    assert code == 0, (tmp_path / "serve.log").read_text()[-2000:]
+    assert took < 35, f"shutdown took {took:.1f} s"
+    assert not postgres_running(home), "the embedded server outlived the service"
+    # start the database again (the command line does, on the same home) and look
+    checked = subprocess.run(
+        [sys.executable, "-c", VERIFY_ON_HOME], env=env, capture_output=True, text=True,
+        timeout=120)
+    assert checked.returncode == 0, checked.stderr[-2000:]
+    stored, identical = checked.stdout.split("\t")
+    references = set(stored.split(","))
+    record("SIGTERM under load, 2 workers, embedded PostgreSQL", sent=load.sent,
+           acknowledged=len(load.acked), stored=len(references), stopped_in=f"{took:.2f} s")
+    assert load.acked and load.acked <= references
+    assert identical.strip() == "True"
+    assert not postgres_running(home)
+
+
+# what the test asks of the stopped service's home: the references in its ledger (after the
+# projector would have caught up) and whether the projections equal a rebuild
+VERIFY_ON_HOME = """
+import asyncio, psycopg
+from hookledger.cli import load_settings
+from hookledger.database import database
+from projections.projector import connect, project_batch
+from projections.rebuild import verify
+
+async def catch_up(url):
+    async with await connect(url) as conn:
+        while await project_batch(conn):
+            pass
+
+with database(load_settings()) as url:
+    with psycopg.connect(url) as conn:
+        refs = [r for (r,) in conn.execute(
+            "SELECT payload->>'reference' FROM hookledger.ledger WHERE source = 'general'")]
+    asyncio.run(catch_up(url))
+    print(",".join(refs), asyncio.run(verify(url)).identical, sep="\\t")
+"""
