@@ -45,51 +45,80 @@ def collect() -> dict[str, Any]:
             "reconcile": latest("reconcile-*.json"), "chat_storm": latest("chat_storm.json")}
 
 
-def table(results: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """(figure, measured, goal) rows from whatever the benchmarks wrote."""
-    rows: list[tuple[str, str, str]] = []
+Row = tuple[str, str, str, str]  # figure, measured, goal, verdict ("met", "NOT MET", "")
+
+
+def verdict(ok: bool | None) -> str:
+    return "" if ok is None else ("met" if ok else "NOT MET")
+
+
+def load_goal(label: str, p99_ms: float) -> tuple[str, str]:
+    """The p99 goals of the performance issue, by the load's label."""
+    if label.startswith("hookledger (") and "empty ledger" in label:
+        return "p99 <= 50 ms", verdict(p99_ms <= 50)
+    if label.startswith("hookledger") and label.endswith("/s") and " at " in label:
+        return "p99 <= 20 ms", verdict(p99_ms <= 20)
+    return "", ""
+
+
+def table(results: dict[str, Any]) -> list[Row]:
+    """(figure, measured, goal, verdict) rows from whatever the benchmarks wrote."""
+    rows: list[Row] = []
     ingest = results.get("ingest") or {}
     for load in ingest.get("loads", []):
         rows.append((f"{load['label']}: req/s, p50/p99 ms",
-                     f"{load['req_per_s']:,}, {load['p50_ms']}/{load['p99_ms']}", ""))
+                     f"{load['req_per_s']:,}, {load['p50_ms']}/{load['p99_ms']}",
+                     *load_goal(load["label"], load["p99_ms"])))
     if ingest:
-        rows.append(("ingest: hookledger / bare endpoint", f"{ingest['ratio_vs_bare']}x",
-                     ">= 1.5x"))
+        ratio = ingest["ratio_vs_bare"]
+        rows.append(("ingest: hookledger / bare endpoint", f"{ratio}x", ">= 1.5x",
+                     verdict(ratio >= 1.5)))
         if "scaled_vs_empty" in ingest:
-            rows.append(("ingest: large ledger / empty ledger",
-                         f"{ingest['scaled_vs_empty']}x", ">= 0.9x"))
+            scaled = ingest["scaled_vs_empty"]
+            rows.append(("ingest: large ledger / empty ledger", f"{scaled}x", ">= 0.9x",
+                         verdict(scaled >= 0.9)))
         for name, (found, acked) in ingest.get("checks", {}).items():
             rows.append((f"check {name}", f"{found:,} stored / {acked:,} acknowledged",
-                         "stored >= acknowledged"))
+                         "stored >= acknowledged", verdict(found >= acked)))
         memory = ingest.get("memory", {})
-        for name, value in memory.items():
-            rows.append((f"memory {name}", f"{value:.0f} MiB" if isinstance(value, float)
-                         else str(value), "< 300 MiB, not growing"))
+        if memory:
+            rows.append(("memory: peak RSS under load (supervisor + workers)",
+                         f"{memory['peak_rss_mib']:.0f} MiB", "< 300 MiB",
+                         verdict(memory["peak_rss_mib"] < 300)))
+            before, after = memory["rss_before_soak_mib"], memory["rss_after_soak_mib"]
+            rows.append(("memory: RSS before / after the soak", f"{before:.0f} / {after:.0f} MiB",
+                         "not growing (<= +10%)", verdict(after <= before * 1.1)))
         if "ready_seconds" in ingest:
-            rows.append(("serve ready on a fresh home", f"{ingest['ready_seconds']} s",
-                         "< 10 s"))
+            ready = ingest["ready_seconds"]
+            rows.append(("serve ready on a fresh home", f"{ready} s", "< 10 s",
+                         verdict(ready < 10)))
     proj = results.get("projections") or {}
     if proj:
         rows.append((f"projector, live ({proj['events']:,} events)",
-                     f"{proj['live_projector_events_per_s']:,} events/s", ""))
-        rows.append(("rebuild", f"{proj['rebuild_events_per_s']:,} events/s",
-                     ">= 20,000 events/s"))
+                     f"{proj['live_projector_events_per_s']:,} events/s", "", ""))
+        rebuild = proj["rebuild_events_per_s"]
+        rows.append(("rebuild", f"{rebuild:,} events/s", ">= 20,000 events/s",
+                     verdict(rebuild >= 20_000)))
         lag = proj.get("lag", {})
+        p99 = lag.get("lag_p99_ms")
         rows.append((f"commit-to-view lag at {lag.get('achieved_rate')}/s, p50/p99",
-                     f"{lag.get('lag_p50_ms')}/{lag.get('lag_p99_ms')} ms", "p99 <= 500 ms"))
+                     f"{lag.get('lag_p50_ms')}/{p99} ms", "p99 <= 500 ms",
+                     verdict(None if p99 is None else p99 <= 500)))
     rec = results.get("reconcile") or {}
     if rec:
         rows.append((f"reconcile {rec['expectations']:,} expectations "
                      f"({rec['latency_ms']} ms API latency)",
-                     f"{rec['reconcile_seconds']} s ({rec['reconcile_per_s']}/s)", "< 60 s"))
+                     f"{rec['reconcile_seconds']} s ({rec['reconcile_per_s']}/s)", "< 60 s",
+                     verdict(rec["reconcile_seconds"] < 60)))
         rows.append((f"report of {rec['discrepancies']:,} discrepancies, all formats",
-                     f"{rec['report_total_seconds']} s", "< 10 s"))
+                     f"{rec['report_total_seconds']} s", "< 10 s",
+                     verdict(rec["report_total_seconds"] < 10)))
     chat = results.get("chat_storm") or {}
     if chat:
         rows.append((f"chat retry storm ({chat['requests']:,} requests), req/s, p99 ms",
-                     f"{chat['requests_per_s']:,}, {chat['latency_ms']['p99']}",
-                     "ledger = distinct ids"))
-        rows.append(("chat storm exactly once", str(chat["exactly_once"]), "True"))
+                     f"{chat['requests_per_s']:,}, {chat['latency_ms']['p99']}", "", ""))
+        rows.append(("chat storm exactly once", str(chat["exactly_once"]), "True",
+                     verdict(bool(chat["exactly_once"]))))
     return rows
 
 
@@ -110,9 +139,9 @@ def main() -> None:
     results = collect()
     rows = table(results)
     width = max((len(r[0]) for r in rows), default=10)
-    print(f"\n{'figure':{width}}  {'measured':32}  goal")
-    for figure, measured, goal in rows:
-        print(f"{figure:{width}}  {measured:32}  {goal}")
+    print(f"\n{'figure':{width}}  {'measured':32}  {'goal':24}  verdict")
+    for figure, measured, goal, judged in rows:
+        print(f"{figure:{width}}  {measured:32}  {goal:24}  {judged}")
     summary = {"machine": machine(), "smoke": args.smoke, "rows": rows, "results": results,
                "seconds": round(time.perf_counter() - started, 1)}
     RESULTS.mkdir(parents=True, exist_ok=True)

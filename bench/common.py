@@ -22,9 +22,19 @@ RESULTS = Path(os.environ.get("HOOKLEDGER_BENCH_RESULTS")
                or Path(__file__).resolve().parent / "results")
 
 
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
 def machine() -> dict[str, Any]:
     return {"python": platform.python_version(), "platform": platform.platform(),
-            "cpus": os.cpu_count(), "memory_gib": round(
+            "cpu": cpu_model(), "cpus": os.cpu_count(), "memory_gib": round(
                 os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)}
 
 

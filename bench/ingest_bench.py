@@ -72,6 +72,32 @@ def signature(raw: bytes) -> str:
     return "sha256=" + hmac.new(SECRET.encode(), raw, hashlib.sha256).hexdigest()
 
 
+CHAT_PHONE = "2557000001"
+CHAT_SECRET = "bench-chat-secret"
+CHAT_PATH = f"/webhooks/chat/{CHAT_PHONE}"
+
+
+def chat_delivery(tag: str, i: int) -> bytes:
+    """A distinct inbound chat message of about 0.5 KB."""
+    now = str(int(time.time()))
+    return json.dumps({
+        "type": "message", "wabaId": "waba-bench", "phoneNumberId": CHAT_PHONE,
+        "contactWaId": f"2557{i % 50_000:08d}", "profileName": "Bench Customer",
+        "message": {"id": f"wamid.{tag}.{i}", "from": f"2557{i % 50_000:08d}",
+                    "timestamp": now, "type": "text",
+                    "text": {"body": "Habari, I would like to ask about my order " + "z" * 200}},
+    }, separators=(",", ":")).encode()
+
+
+def chat_headers(tag: str, i: int, raw: bytes) -> dict[str, str]:
+    """Signed now: the run lasts seconds, far inside the 300 s tolerance."""
+    t = str(int(time.time()))
+    digest = hmac.new(CHAT_SECRET.encode(), t.encode() + b"." + raw, hashlib.sha256)
+    return {"X-Service-Signature": f"t={t},v1={digest.hexdigest()}",
+            "X-Service-Delivery-Id": f"{tag}-{i}", "X-Service-Attempt": "1",
+            "User-Agent": "service-chat-webhook/1.0"}
+
+
 def write_presigned(folder: Path, tag: str, count: int, threads: int) -> str:
     """Files of ``signature<TAB>body`` lines, one per wrk thread; returns their prefix."""
     prefix = folder / tag
@@ -120,9 +146,10 @@ def wrk_load(label: str, port: int, prefix: str, seconds: float, connections: in
 
 
 def python_load(label: str, port: int, bodies: list[bytes], *, rate: float | None,
-                connections: int) -> Load:
-    requests = [post_request("127.0.0.1", PATH, raw, {"X-Service-Signature": signature(raw)})
-                for raw in bodies]
+                connections: int, requests: list[bytes] | None = None) -> Load:
+    if requests is None:
+        requests = [post_request("127.0.0.1", PATH, raw,
+                                 {"X-Service-Signature": signature(raw)}) for raw in bodies]
     started = time.perf_counter()
     answers = asyncio.run(run("127.0.0.1", port, requests, rate=rate, connections=connections))
     seconds = time.perf_counter() - started
@@ -214,6 +241,20 @@ def rss_kib(pid: int) -> int:
     return total
 
 
+def chat_count(url: str, tag: str) -> int:
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT count(*) FROM hookledger.ledger WHERE source = 'chat' "
+                           "AND headers->>'x-service-delivery-id' LIKE %s",
+                           (f"{tag}-%",)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def server_version(url: str) -> str:
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SHOW server_version").fetchone()
+    return str(row[0]) if row else "?"
+
+
 def ledger_count(url: str, tag: str) -> int:
     with psycopg.connect(url) as conn:
         row = conn.execute("SELECT count(*) FROM hookledger.ledger WHERE source = 'general' "
@@ -288,7 +329,8 @@ def measure(seconds: float, connections: int, scale_events: int, fixed_rate: int
     use_wrk = generator == "wrk" or (generator == "auto" and shutil.which("wrk") is not None)
     ceiling = 25_000  # req/s no contender reaches here; sizes the pre-signed sets
     per_run = int(ceiling * seconds)
-    service = {"HOOKLEDGER_WORKERS": str(workers)}
+    service = {"HOOKLEDGER_WORKERS": str(workers),
+               "HOOKLEDGER_CHAT_SECRETS": f"{CHAT_PHONE}={CHAT_SECRET}"}
     rows: list[Load] = []
     checks: dict[str, Any] = {}
     memory: dict[str, float] = {}
@@ -296,6 +338,7 @@ def measure(seconds: float, connections: int, scale_events: int, fixed_rate: int
         folder = Path(tmp)
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(TABLE_DDL)
+        postgres_version = server_version(url)
 
         def load(label: str, port: int, tag: str, count: int) -> Load:
             duration = seconds if count == per_run else max(1.0, seconds / 4)
@@ -331,6 +374,12 @@ def measure(seconds: float, connections: int, scale_events: int, fixed_rate: int
             checks["ledger_vs_2xx"] = [ledger_count(url, "HM"), ours.ok]
             rows.append(fixed(f"hookledger at {fixed_rate}/s", port, "HF"))
             checks["ledger_vs_2xx_fixed_rate"] = [ledger_count(url, "HF"), rows[-1].ok]
+            chat_requests = [post_request("127.0.0.1", CHAT_PATH, raw, chat_headers("CF", i, raw))
+                             for i, raw in enumerate(chat_delivery("CF", i) for i in
+                                                     range(int(fixed_rate * fixed_seconds)))]
+            rows.append(python_load(f"hookledger chat at {fixed_rate}/s", port, [],
+                                    rate=fixed_rate, connections=32, requests=chat_requests))
+            checks["ledger_vs_2xx_chat_fixed_rate"] = [chat_count(url, "CF"), rows[-1].ok]
             memory["peak_rss_under_load_mib"] = rss.peak_mib
             memory["rss_before_soak_mib"] = rss_kib(proc.pid) / 1024
             soak = [delivery("HS", i) for i in range(int(soak_rate * soak_seconds))]
@@ -357,6 +406,7 @@ def measure(seconds: float, connections: int, scale_events: int, fixed_rate: int
                 checks["ledger_vs_2xx_scaled"] = [ledger_count(url, "SM"), scaled.ok]
     ratio = ours.rate / bare.rate if bare.rate else 0.0
     figures: dict[str, Any] = {
+        "postgresql": postgres_version,
         "ready_seconds": round(ready_seconds(), 2),
         "generator": "wrk" if use_wrk else "loadgen", "connections": connections,
         "seconds": seconds, "body_bytes": len(delivery("HM", 0)),

@@ -21,7 +21,10 @@ def test_every_benchmark_runs_at_smoke_size_and_counts_what_it_acknowledged(
     done = subprocess.run([sys.executable, "-m", "bench", "--smoke"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    results = json.loads((tmp_path / "summary.json").read_text())["results"]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    results = summary["results"]
+    assert summary["machine"]["cpus"] > 0 and summary["machine"]["cpu"]
+    assert all(len(row) == 4 for row in summary["rows"])  # figure, measured, goal, verdict
 
     ingest = results["ingest"]
     assert {load["label"].split(" (")[0] for load in ingest["loads"]} >= {
@@ -30,6 +33,9 @@ def test_every_benchmark_runs_at_smoke_size_and_counts_what_it_acknowledged(
     for name, (stored, acknowledged) in ingest["checks"].items():
         assert acknowledged > 0 and stored >= acknowledged, name
     assert ingest["ready_seconds"] > 0 and ingest["memory"]["peak_rss_mib"] > 0
+    assert any(load["label"].startswith("hookledger chat at") for load in ingest["loads"])
+    assert "ledger_vs_2xx_chat_fixed_rate" in ingest["checks"]
+    assert ingest["postgresql"]
 
     projections = results["projections"]
     assert projections["events"] == 3000 and projections["rebuild_events_per_s"] > 0

@@ -1,0 +1,177 @@
+"""Where ingest's time goes: py-spy on every ``serve`` process under load, and the CPU split.
+
+    python -m bench.profile_ingest [--seconds 10] [--workers 2] [--top 25]
+
+Runs ``hookledger serve`` on a fresh database, loads it with pre-signed distinct deliveries
+(wrk when installed, else ``bench/loadgen.py``), and meanwhile
+
+* counts the CPU seconds of each group of processes (HTTP workers, the supervisor with the
+  projector, PostgreSQL, the load generator) from ``/proc``, as cores and as microseconds
+  per acknowledged delivery;
+* samples every ``serve`` process with py-spy (``pip install py-spy``; without it only the
+  CPU split is printed) and prints the functions with the most samples, by own time and
+  including what they call.
+
+The figures are what the performance notes quote; rerun to see them on another machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from bench.common import fresh_database
+from bench.ingest_bench import (
+    delivery,
+    hookledger,
+    python_load,
+    write_presigned,
+    wrk_load,
+)
+from bench.projections_bench import free_port
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_by_group(serve_pid: int) -> dict[str, float]:
+    """CPU seconds used so far by each group of processes on this machine."""
+    groups: collections.Counter[str] = collections.Counter()
+    serve = {serve_pid, *children(serve_pid)}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            command = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pid = int(entry)
+        used = (int(fields[11]) + int(fields[12])) / TICKS
+        if pid == serve_pid:
+            groups["supervisor (projector)"] += used
+        elif pid in serve:
+            groups["HTTP workers"] += used
+        elif b"postgres" in command:
+            groups["PostgreSQL"] += used
+        elif command.startswith(b"wrk"):
+            groups["load generator"] += used
+    return dict(groups)
+
+
+def children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+# leaves of stacks that are waiting, not working (py-spy cannot always tell): uvicorn's
+# supervisor pipe, the multiprocessing resource tracker, idle selectors and conditions
+IDLE_LEAVES = ("Connection._recv ", "Condition.wait ", "EpollSelector.select ",
+               "resource_tracker.py", "Event.wait ", "Thread._wait_for_tstate_lock ")
+
+
+def aggregate(raw_files: list[Path], top: int) -> list[str]:
+    """py-spy's raw (collapsed stack) output, summed: own samples and inclusive samples."""
+    own: collections.Counter[str] = collections.Counter()
+    inclusive: collections.Counter[str] = collections.Counter()
+    total = idle = 0
+    for path in raw_files:
+        for line in path.read_text().splitlines():
+            stack, _, count = line.rpartition(" ")
+            if not stack or not count.isdigit():
+                continue
+            n = int(count)
+            frames = stack.split(";")
+            if any(marker in frames[-1] for marker in IDLE_LEAVES):
+                idle += n
+                continue
+            total += n
+            own[frames[-1]] += n
+            for frame in set(frame.split(":")[0] for frame in frames):
+                inclusive[frame] += n
+    if not total:
+        return ["py-spy recorded no samples"]
+    lines = [f"{total} samples ({idle} of waiting threads left out); own time:"]
+    lines += [f"  {100 * n / total:5.1f}%  {name[:110]}" for name, n in own.most_common(top)]
+    lines.append("including callees:")
+    lines += [f"  {100 * n / total:5.1f}%  {name[:110]}"
+              for name, n in inclusive.most_common(top * 2)]
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=10)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--connections", type=int, default=64)
+    parser.add_argument("--top", type=int, default=25)
+    args = parser.parse_args()
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    has_py_spy = Path(py_spy).exists()
+    use_wrk = shutil.which("wrk") is not None
+    with fresh_database() as url, tempfile.TemporaryDirectory(prefix="hookledger-prof-") as tmp:
+        folder, port = Path(tmp), free_port()
+        count = int(25_000 * args.seconds)
+        prefix = write_presigned(folder, "PP", count, 2) if use_wrk else ""
+        with hookledger(url, port, folder / "home", {"HOOKLEDGER_WORKERS": str(args.workers)}
+                        ) as proc:
+            python_load("warm-up", port, [delivery("PW", i) for i in range(2000)], rate=None,
+                        connections=32)
+            spies = []
+            if has_py_spy:
+                for pid in [proc.pid, *children(proc.pid)]:
+                    out = folder / f"py-spy-{pid}.txt"
+                    spies.append((out, subprocess.Popen(
+                        [py_spy, "record", "--pid", str(pid), "--duration",
+                         str(max(1, round(args.seconds - 1))), "--rate", "100", "--format",
+                         "raw", "--output", str(out)],
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
+            before, started = cpu_by_group(proc.pid), time.perf_counter()
+            children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            result: dict[str, int] = {}
+
+            def load() -> None:
+                if use_wrk:
+                    done = wrk_load("profile", port, prefix, args.seconds, args.connections, 2)
+                else:
+                    done = python_load("profile", port, [delivery("PP", i) for i in range(
+                        int(2500 * args.seconds))], rate=None, connections=args.connections)
+                result["ok"] = done.ok
+
+            runner = threading.Thread(target=load)
+            runner.start()
+            runner.join()
+            seconds = time.perf_counter() - started
+            after = cpu_by_group(proc.pid)
+            if use_wrk:  # wrk has exited: its CPU is in this process's reaped children
+                children_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                after["load generator"] = (
+                    children_after.ru_utime + children_after.ru_stime
+                    - children_before.ru_utime - children_before.ru_stime)
+            for _, spy in spies:
+                spy.wait(timeout=60)
+            profile = (aggregate([out for out, _ in spies if out.exists()], args.top)
+                       if has_py_spy else [])
+    ok = result.get("ok", 0)
+    print(f"\n{ok:,} deliveries acknowledged in {seconds:.1f} s ({ok / seconds:,.0f}/s), "
+          f"{'wrk' if use_wrk else 'loadgen'}, {args.workers} workers")
+    print(f"{'CPU by process group':28} {'cores':>6} {'us per delivery':>16}")
+    for group in sorted(after, key=lambda g: -(after[g] - before.get(g, 0))):
+        used = after[group] - before.get(group, 0)
+        print(f"{group:28} {used / seconds:6.2f} {1e6 * used / max(ok, 1):16.0f}")
+    if has_py_spy:
+        print("\n" + "\n".join(profile))
+    else:
+        print("\n(py-spy is not installed: pip install py-spy, for where the time goes)")
+
+
+if __name__ == "__main__":
+    main()
