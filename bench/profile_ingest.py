@@ -113,9 +113,11 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--no-profile", action="store_true",
+                        help="only the CPU split (py-spy itself costs CPU)")
     args = parser.parse_args()
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    has_py_spy = Path(py_spy).exists()
+    has_py_spy = Path(py_spy).exists() and not args.no_profile
     use_wrk = shutil.which("wrk") is not None
     with fresh_database() as url, tempfile.TemporaryDirectory(prefix="hookledger-prof-") as tmp:
         folder, port = Path(tmp), free_port()

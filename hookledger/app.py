@@ -99,7 +99,8 @@ def create_app(settings: Settings, database_url: str, *,
             stack.push_async_callback(drainer.stop)
             appender = BatchingAppender(store.append, max_batch=settings.append_max_batch,
                                         max_wait_s=settings.append_max_wait_ms / 1000,
-                                        spool=spool, on_spooled=drainer.nudge)
+                                        spool=spool, on_spooled=drainer.nudge,
+                                        on_batch=metrics.batch_size.observe)
             appender.start()
             stack.push_async_callback(appender.close)
             holder["runtime"] = Runtime(pool, store, appender, metrics, spool)

@@ -25,10 +25,12 @@ class BatchingAppender:
 
     def __init__(self, append_many: AppendMany, *, max_batch: int = 256,
                  max_wait_s: float = 0.0, spool: Spool | None = None,
-                 on_spooled: Callable[[], None] | None = None) -> None:
+                 on_spooled: Callable[[], None] | None = None,
+                 on_batch: Callable[[int], None] | None = None) -> None:
         self._append_many = append_many
         self._spool = spool
         self._on_spooled = on_spooled
+        self._on_batch = on_batch  # told each committed batch's size (a metric)
         self._max_batch = max_batch
         self._max_wait_s = max_wait_s
         self._queue: list[tuple[NewEvent, asyncio.Future[AppendResult]]] = []
@@ -103,6 +105,8 @@ class BatchingAppender:
             return
         self.batches += 1
         self.events += len(batch)
+        if self._on_batch is not None:
+            self._on_batch(len(batch))
         for (_, future), result in zip(batch, results, strict=True):
             _settle(future, result=result)
 

@@ -189,6 +189,9 @@ def test_health_readiness_and_metrics(service: str) -> None:
     assert ('hookledger_deliveries_refused_total{reason="missing_signature",system="general"} 1.0'
             in text)
     assert "hookledger_append_seconds_count 2.0" in text
+    # two deliveries were committed, one at a time: two batches holding two events in all
+    assert "hookledger_append_batch_size_count 2.0" in text
+    assert "hookledger_append_batch_size_sum 2.0" in text
     for secret in SECRETS.values():
         assert secret not in text
 
