@@ -37,7 +37,7 @@ from ingest.metrics import IngestMetrics
 from ingest.spool import Spool
 from ingest.spool_drain import SpoolDrainer
 from ledger import LedgerStore
-from projections.live import LiveProjector, application_name
+from projections.live import LiveProjector
 
 log = structlog.get_logger("hookledger.service")
 
@@ -63,14 +63,18 @@ def app_from_environment() -> WebhookFastPath:
     configure_logging(settings)
     if settings.database_url is None:
         raise RuntimeError("a worker needs HOOKLEDGER_DATABASE_URL from its supervisor")
-    # the supervisor (this worker's parent) runs the projector, named after its own pid
+    # the supervisor runs the projector, under the name it handed down
     return create_app(settings, libpq_url(settings.database_url),
-                      projector_name=application_name(os.getppid()))
+                      projector_name=os.environ.get(PROJECTOR_NAME_VARIABLE))
 
 
-def live_projector(settings: Settings, database_url: str) -> LiveProjector:
+PROJECTOR_NAME_VARIABLE = "HOOKLEDGER_INTERNAL_PROJECTOR_NAME"
+
+
+def live_projector(settings: Settings, database_url: str,
+                   name: str | None = None) -> LiveProjector:
     return LiveProjector(database_url, batch_size=settings.projector_batch_size,
-                         coalesce_s=settings.projector_coalesce_ms / 1000)
+                         coalesce_s=settings.projector_coalesce_ms / 1000, name=name)
 
 
 def create_app(settings: Settings, database_url: str, *,

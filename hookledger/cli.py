@@ -105,10 +105,12 @@ def _serve_workers(settings: Settings, url: str, started: float) -> None:
     import uvicorn
     from uvicorn.supervisors import Multiprocess
 
-    from hookledger.app import live_projector
-    from projections.live import ProjectorThread
+    from hookledger.app import PROJECTOR_NAME_VARIABLE, live_projector
+    from projections.live import ProjectorThread, application_name
 
     os.environ["HOOKLEDGER_DATABASE_URL"] = url
+    projector_name = application_name()
+    os.environ[PROJECTOR_NAME_VARIABLE] = projector_name  # workers report who leads by it
     config = uvicorn.Config(
         "hookledger.app:app_from_environment", factory=True, host=settings.host,
         port=settings.port, workers=settings.workers, log_config=None, access_log=False,
@@ -118,7 +120,7 @@ def _serve_workers(settings: Settings, url: str, started: float) -> None:
     log.info("service.workers", workers=settings.workers,
              seconds=round(time.perf_counter() - started, 3))
     # the workers only answer; folding runs here, beside the supervisor, off their loops
-    projector = ProjectorThread(live_projector(settings, url))
+    projector = ProjectorThread(live_projector(settings, url, projector_name))
     projector.start()
     try:
         Multiprocess(config, sockets=[sock]).run()

@@ -93,13 +93,13 @@ def _fold_money(row: Row | None, event: StoredEvent, *, kind: str, rank: int,
     slot = None if recovered else SLOT_OF_OUTCOME.get(facts["outcome"])
     if slot is not None:
         found = _conflicts(evidence, slot, amount, kind, reference)
+        known_amounts = _confirmed_amounts(evidence)  # before this event takes the slot
         held = evidence.get(slot)
         if held is None or key > key_from_json(held[0]):
             evidence[slot] = [key_to_json(key), event.dedupe_key,
                               None if amount is None else str(amount)]
         if slot == "confirmed" and amount is not None:
-            evidence["amounts"] = sorted({*evidence.get("amounts", []), _amount_text(amount)},
-                                         key=Decimal)
+            evidence["amounts"] = sorted({*known_amounts, _amount_text(amount)}, key=Decimal)
     if not recovered and facts.get("code_event_conflict"):
         found.append(Discrepancy(
             kind="conflicting_events", subject=kind, reference=reference,
@@ -135,25 +135,37 @@ def _conflicts(evidence: dict[str, Any], slot: str, amount: Decimal | None, kind
     different confirmed amounts.
     """
     success_slots = [s for s in ("confirmed", "refunded") if s in evidence]
+    # the amount at risk is the success's amount known when the conflict shows; which one
+    # that is can depend on arrival order, the finding's identity never does
     if slot == "failed" and success_slots and "failed" not in evidence:
         other = evidence[success_slots[0]]
-        return [_conflict(kind, reference, "a failure was reported beside a success",
+        return [_conflict(kind, reference, "both a failure and a success were reported",
                           decimal_or_none(other[2]), "outcome:failure", "outcome:success")]
     if slot in ("confirmed", "refunded") and "failed" in evidence and not success_slots:
-        return [_conflict(kind, reference, "a success was reported beside a failure",
+        return [_conflict(kind, reference, "both a failure and a success were reported",
                           amount, "outcome:failure", "outcome:success")]
     if slot == "confirmed" and amount is not None:
         mine = _amount_text(amount)
         found = []
-        for seen in evidence.get("amounts", []):
+        for seen in _confirmed_amounts(evidence):
             if seen == mine:
                 continue
-            low, high = sorted((Decimal(seen), amount))
+            low, high = sorted((Decimal(seen), Decimal(mine)))
+            low_text, high_text = _amount_text(low), _amount_text(high)
             found.append(_conflict(
-                kind, reference, f"confirmations carry different amounts, {low} and {high}",
-                high - low, f"amount:{_amount_text(low)}", f"amount:{_amount_text(high)}"))
+                kind, reference, f"confirmations carry different amounts, {low_text} and "
+                f"{high_text}", high - low, f"amount:{low_text}", f"amount:{high_text}"))
         return found
     return []
+
+
+def _confirmed_amounts(evidence: dict[str, Any]) -> list[str]:
+    """The distinct confirmed amounts seen; a row folded before they were kept has only its
+    best confirmation's amount, which is where the list starts."""
+    if "amounts" in evidence:
+        return list(evidence["amounts"])
+    held = evidence.get("confirmed")
+    return [] if held is None or held[2] is None else [_amount_text(Decimal(held[2]))]
 
 
 def _conflict(kind: str, reference: str, detail: str, at_risk: Decimal | None,

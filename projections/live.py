@@ -11,7 +11,7 @@ for a delay far inside the few hundred milliseconds a reader may wait.
 
 With several HTTP workers in one ``serve``, the supervisor process runs the projector (see
 :class:`ProjectorThread`), so folding never competes with answering on a worker's loop.
-The leader's connection carries ``application_name`` ``hookledger-projector:<pid>``, which
+The leader's connection carries ``application_name`` ``hookledger-projector:<token>``, which
 is how any process can tell from PostgreSQL who leads (:func:`leader_query`).
 """
 
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import threading
+import uuid
 from typing import Any
 
 import psycopg
@@ -33,8 +33,10 @@ NOTIFY_CHANNEL = "hookledger_ledger"
 APPLICATION_PREFIX = "hookledger-projector:"
 
 
-def application_name(pid: int | None = None) -> str:
-    return f"{APPLICATION_PREFIX}{os.getpid() if pid is None else pid}"
+def application_name(token: str | None = None) -> str:
+    """The projector connection's name: a token drawn once per ``serve`` (process ids
+    repeat across containers, where every replica may well be pid 1)."""
+    return f"{APPLICATION_PREFIX}{token or uuid.uuid4().hex[:16]}"
 
 
 def leader_query() -> tuple[str, tuple[int, int]]:
@@ -43,6 +45,7 @@ def leader_query() -> tuple[str, tuple[int, int]]:
     as its high and low 32 bits."""
     return ("SELECT EXISTS (SELECT 1 FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
             "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 "
+            "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
             "AND l.classid::bigint = %(hi)s AND l.objid::bigint = %(lo)s "
             "AND a.application_name = %(name)s)",
             (PROJECTOR_LOCK_KEY >> 32, PROJECTOR_LOCK_KEY & 0xFFFFFFFF))
@@ -154,4 +157,8 @@ class ProjectorThread:
             self._ready.set()
             await self.projector.run()
 
-        asyncio.run(run())
+        try:
+            asyncio.run(run())
+        except BaseException:  # run() survives every Exception: this is the end of the line
+            log.critical("projector.thread_died", exc_info=True)
+            raise

@@ -66,7 +66,8 @@ async def connect(url: str, *, application_name: str | None = None) -> Connectio
     which takes a fifth off reading the ledger (measured); the values are the same instants.
     """
     extra: dict[str, Any] = {"application_name": application_name} if application_name else {}
-    conn = await psycopg.AsyncConnection.connect(url, autocommit=True, **extra)
+    conn = await psycopg.AsyncConnection.connect(url, autocommit=True, connect_timeout=10,
+                                                 **extra)
     await conn.execute("SET TimeZone = 'UTC'")
     use_fast_json(conn)
     return conn
@@ -142,6 +143,8 @@ def fold_touched(projection: Projection, touched: Sequence[tuple[str, StoredEven
     for key, event in touched:
         try:
             new, found = projection.fold(changed.get(key, known.get(key)), event)
+        except (MemoryError, RecursionError):
+            raise  # the machine's trouble, not the event's: retry the batch, skip nothing
         except Exception as exc:  # noqa: BLE001 - one bad event must not stall every projection
             findings.append(Finding(unprojectable(projection, key, event, exc), event))
             continue
@@ -149,6 +152,24 @@ def fold_touched(projection: Projection, touched: Sequence[tuple[str, StoredEven
         if found:
             findings.extend(Finding(d, event) for d in found)
     return changed, findings
+
+
+def touched_keys(projection: Projection, events: Sequence[StoredEvent]
+                 ) -> tuple[list[tuple[str, StoredEvent]], list[Finding]]:
+    """The (subject key, event) pairs a projection folds; an event whose keys cannot even
+    be read is reported like one that cannot be folded."""
+    touched: list[tuple[str, StoredEvent]] = []
+    findings: list[Finding] = []
+    for event in events:
+        try:
+            keys = projection.keys(event)
+        except (MemoryError, RecursionError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - see fold_touched
+            findings.append(Finding(unprojectable(projection, "?", event, exc), event))
+            continue
+        touched.extend((key, event) for key in keys)
+    return touched, findings
 
 
 def unprojectable(projection: Projection, key: str, event: StoredEvent,
@@ -177,7 +198,8 @@ async def apply_events(conn: Connection, events: Sequence[StoredEvent], *,
     """
     findings: list[Finding] = []
     for projection in projections:
-        touched = [(key, event) for event in events for key in projection.keys(event)]
+        touched, unkeyed = touched_keys(projection, events)
+        findings.extend(unkeyed)
         if not touched:
             continue
         keys = sorted({key for key, _ in touched})

@@ -243,13 +243,17 @@ def test_sigterm_under_load_with_workers_and_the_embedded_database(tmp_path: Pat
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKLEDGER_")}
     env.update(HOOKLEDGER_HOME=str(home), HOOKLEDGER_PORT=str(port),
                HOOKLEDGER_GENERAL_SECRETS=f"main={SECRET}", HOOKLEDGER_WORKERS="2",
-               HOOKLEDGER_LOG_LEVEL="warning")
+               HOOKLEDGER_LOG_LEVEL="warning", HOOKLEDGER_ADMIN_TOKEN="admin-token")
     with open(tmp_path / "serve.log", "ab") as log:
         proc = subprocess.Popen([sys.executable, "-m", "hookledger", "serve"], env=env,
                                 stdout=subprocess.DEVNULL, stderr=log)
     wait_ready(port, proc, timeout=120)
     with Load(port, "W") as load:
         time.sleep(2)
+        # the projector runs in the supervisor, and a worker knows it leads
+        status = httpx.get(f"http://127.0.0.1:{port}/api/status",
+                           headers={"authorization": "Bearer admin-token"}).json()
+        assert status["projector_leader"] is True and status["projected_to"] > 0, status
         asked = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=90)

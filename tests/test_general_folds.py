@@ -100,6 +100,20 @@ def test_confirmations_with_different_amounts_are_flagged_alike_in_every_order()
     assert [risk for _, risk in only] == [Decimal("200")]
 
 
+def test_a_row_folded_before_amounts_were_kept_still_finds_a_different_amount() -> None:
+    """Rows stored by an earlier version hold only their best confirmation's amount."""
+    first = ev("payment.confirmed", 91000, reference="P", amount=700)
+    rows, _ = fold_all("payments", [first])
+    legacy = dict(rows["P"], evidence={k: v for k, v in rows["P"]["evidence"].items()
+                                       if k != "amounts"})
+    second = ev("payment.confirmed", 91000, reference="P", amount=900, transaction_id="TX-2",
+                timestamp="20261122083100")
+    payments = next(p for p in PROJECTIONS if p.table == "payments")
+    row, found = payments.fold(legacy, second)
+    assert [d.evidence for d in found] == [("amount:700", "amount:900")]
+    assert row["evidence"]["amounts"] == ["700", "900"]
+
+
 def test_a_failure_code_on_a_confirmation_counts_as_a_failure_everywhere() -> None:
     """The code's band decides: outcome, rank and conflict evidence agree, and it is flagged."""
     odd = ev("payment.confirmed", 91055, reference="P", amount=0, status="FAILED")

@@ -101,16 +101,17 @@ def as_ledger(deliveries: list[NewEvent]) -> list[StoredEvent]:
 
 
 def project(events: list[StoredEvent]) -> dict[str, Any]:
-    """The rows a user sees, and the discrepancies found (by identity: the projector appends
-    each once, keyed on it, so the set is what ends up in the ledger)."""
+    """The rows a user sees, and the discrepancies found, by identity and wording (the
+    projector appends each once, keyed on its identity, so the set is what the ledger gets;
+    the amount at risk is the one known at detection and may depend on the order)."""
     tables: dict[str, Any] = {}
-    found: set[str] = set()
+    found: set[tuple[str, str]] = set()
     for projection in PROJECTIONS:
         rows: dict[str, Row] = {}
         for event in events:
             for key in projection.keys(event):
                 rows[key], new = projection.fold(rows.get(key), event)
-                found.update(d.dedupe_key for d in new)
+                found.update((d.dedupe_key, d.detail) for d in new)
         tables[projection.table] = {
             k: {c: v for c, v in row.items() if c not in HIDDEN} for k, row in rows.items()}
     tables["discrepancies found"] = found

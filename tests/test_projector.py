@@ -300,3 +300,37 @@ def test_an_event_no_fold_can_apply_is_reported_and_the_projector_goes_on(db_url
                              "payload->>'reference' FROM hookledger.ledger "
                              "WHERE source = 'projector'").fetchall()
     assert kinds == [("unprojectable_event", "payments", "BAD")]
+
+
+def test_an_event_whose_keys_cannot_be_read_is_reported_not_raised() -> None:
+    from projections.projector import touched_keys
+    from tests.projection_events import stored
+
+    payments = next(p for p in PROJECTIONS if p.table == "payments")
+
+    def keys(event: Any) -> list[str]:
+        if event.facts["reference"] == "BAD":
+            raise KeyError("reference")
+        return payments.keys(event)
+
+    events = [stored(new_event("payment.confirmed", 91000, reference=r)) for r in ("A", "BAD")]
+    touched, findings = touched_keys(dataclasses.replace(payments, keys=keys), events)
+    assert [key for key, _ in touched] == ["A"]
+    assert [(f.discrepancy.kind, f.discrepancy.reference, f.cause.position)
+            for f in findings] == [("unprojectable_event", "?", events[1].position)]
+
+
+def test_running_out_of_memory_while_folding_is_not_taken_for_a_bad_event() -> None:
+    """MemoryError propagates (the batch rolls back and is retried); it never becomes an
+    unprojectable_event that a rebuild, with memory to spare, would not find."""
+    from projections.projector import fold_touched
+    from tests.projection_events import stored
+
+    payments = next(p for p in PROJECTIONS if p.table == "payments")
+
+    def starved(row: Any, event: Any) -> Any:
+        raise MemoryError
+
+    event = stored(new_event("payment.confirmed", 91000, reference="M"))
+    with pytest.raises(MemoryError):
+        fold_touched(dataclasses.replace(payments, fold=starved), [("M", event)], {})

@@ -23,8 +23,9 @@ def test_two_processes_reconciling_at_once_run_one_pass(db_url: str) -> None:
         state.record_general(body("payment.confirmed", 91000, reference=reference, amount=100))
         expect(db_url, reference, "collection", 100)
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKLEDGER_")}
-    # one request at a time, 150 ms each: the pass lasts about two seconds
-    with running_sandbox(state=state, faults=FaultSettings(latency_ms=150)) as api:
+    # one request at a time, 500 ms each: the pass lasts six seconds, far longer than the
+    # second process can take to start, even on a loaded machine
+    with running_sandbox(state=state, faults=FaultSettings(latency_ms=500)) as api:
         env.update(HOOKLEDGER_DATABASE_URL=db_url, HOOKLEDGER_API_BASE_URL=api.url,
                    HOOKLEDGER_API_KEY=API_KEY, HOOKLEDGER_API_CONCURRENCY="1",
                    HOOKLEDGER_LOG_LEVEL="warning")
