@@ -85,11 +85,15 @@ def report_command(fmt: str, since: str | None, out: Path | None) -> None:
 
 @click.command(name="expect")
 @click.argument("reference")
-@click.option("--kind", type=click.Choice(["collection", "payout"]), required=True)
-@click.option("--amount", required=True, help="Amount in TZS (exact decimal).")
+@click.option("--kind", type=click.Choice(["collection", "payout", "sms"]), required=True)
+@click.option("--amount", default=None,
+              help="Amount in TZS (exact decimal); required for a collection or payout, "
+                   "none for an sms.")
 @click.option("--initiated-at", default=None, help="ISO 8601 with offset (default: now).")
-def expect_command(reference: str, kind: str, amount: str, initiated_at: str | None) -> None:
-    """Register an initiated payment, so that a webhook that never comes is noticed."""
+def expect_command(reference: str, kind: str, amount: str | None,
+                   initiated_at: str | None) -> None:
+    """Register an initiated payment, so that a webhook that never comes is noticed, or a
+    sent SMS (its message id), shown pending until its operator report arrives."""
     from reconcile.expectations import parse_expectation, register
 
     settings = _root()

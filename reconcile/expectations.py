@@ -1,5 +1,9 @@
 """Expectations: what the merchant initiated, so that a webhook that never comes is noticed.
 
+A collection or a payout is reconciled when its webhook does not come; a sent SMS (kind
+``sms``, amount 0) is only shown ``pending`` in ``sms_messages`` until its operator report
+arrives, and never waited for: some messages never get one.
+
 One implementation for every intake (HTTP, CLI, SQL): validation here, then the documented
 SQL function ``hookledger.expect(reference, kind, amount, initiated_at)``, which is
 idempotent (the same reference, kind and amount again is not an error) and refuses the
@@ -18,19 +22,21 @@ import psycopg
 
 from reconcile.errors import ExpectationInvalid, ReconcileError
 
-KINDS = ("collection", "payout")
+KINDS = ("collection", "payout", "sms")
 MAX_REFERENCE = 512
 MAX_AMOUNT = Decimal("1e15")
 
 REQUEST_SCHEMA: dict[str, Any] = {
-    "type": "object", "required": ["reference", "kind", "amount"],
+    "type": "object", "required": ["reference", "kind"],
     "additionalProperties": False,
     "properties": {
         "reference": {"type": "string", "minLength": 1, "maxLength": MAX_REFERENCE},
         "kind": {"type": "string", "enum": list(KINDS)},
-        "amount": {"oneOf": [{"type": "number", "minimum": 0, "exclusiveMinimum": True},
+        "amount": {"oneOf": [{"type": "number", "minimum": 0},
                              {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?$"}],
-                   "description": "TZS, exact (send a string to avoid float rounding)"},
+                   "description": "TZS, exact (send a string to avoid float rounding); "
+                                  "required and positive for a collection or payout, "
+                                  "0 or absent for an sms"},
         "initiated_at": {"type": "string", "format": "date-time",
                          "description": "with a UTC offset; default: now"}},
 }
@@ -57,14 +63,15 @@ class Expectation:
                 "amount": format(self.amount, "f"), "initiated_at": self.initiated_at.isoformat()}
 
 
-def parse_amount(value: Any) -> Decimal:
+def parse_amount(value: Any, *, zero: bool = False) -> Decimal:
     if isinstance(value, bool) or not isinstance(value, int | float | Decimal | str):
         raise ExpectationInvalid("amount must be a number")
     try:
         amount = Decimal(str(value).strip())
     except InvalidOperation as exc:
         raise ExpectationInvalid("amount must be a number") from exc
-    if not amount.is_finite() or amount <= 0 or amount >= MAX_AMOUNT:
+    if not amount.is_finite() or amount < 0 or (amount == 0 and not zero) \
+            or amount >= MAX_AMOUNT:
         raise ExpectationInvalid("amount must be a positive number of TZS")
     return amount
 
@@ -83,10 +90,15 @@ def parse_expectation(data: Any, *, now: datetime) -> Expectation:
                                  "characters")
     kind = data.get("kind")
     if kind not in KINDS:
-        raise ExpectationInvalid("kind must be collection or payout")
-    if "amount" not in data:
+        raise ExpectationInvalid("kind must be collection, payout or sms")
+    if kind == "sms":
+        amount = Decimal(0)
+        if data.get("amount") is not None and parse_amount(data["amount"], zero=True) != 0:
+            raise ExpectationInvalid("an sms carries no amount: give 0 or none")
+    elif data.get("amount") is None:
         raise ExpectationInvalid("amount is required")
-    amount = parse_amount(data["amount"])
+    else:
+        amount = parse_amount(data["amount"])
     raw = data.get("initiated_at")
     initiated_at = now
     if raw is not None:

@@ -29,8 +29,10 @@ expectations = Table(
     Column("amount", Numeric, nullable=False),
     Column("initiated_at", _ts(), nullable=False),
     Column("registered_at", _ts(), nullable=False, server_default="now()"),
-    CheckConstraint("kind IN ('collection', 'payout')", name="kind"),
-    CheckConstraint("amount > 0", name="amount_positive"),
+    CheckConstraint("kind IN ('collection', 'payout', 'sms')", name="kind"),
+    # a sent SMS carries no money (amount 0); a payment always does
+    CheckConstraint("CASE WHEN kind = 'sms' THEN amount = 0 ELSE amount > 0 END",
+                    name="amount_positive"),
 )
 
 reconcile_subjects = Table(

@@ -29,7 +29,8 @@ WITH candidates AS (
     LEFT JOIN hookledger_private.payments p
            ON e.kind = 'collection' AND p.reference = e.reference
     LEFT JOIN hookledger_private.payouts o ON e.kind = 'payout' AND o.reference = e.reference
-    WHERE e.initiated_at <= %(overdue)s
+    WHERE e.kind IN ('collection', 'payout')  -- a pending SMS is never waited for
+      AND e.initiated_at <= %(overdue)s
       AND coalesce(p.outcome, o.outcome, 'none') NOT IN ('success', 'failure', 'refunded')
     UNION ALL
     SELECT 'payout', reference, 2 FROM hookledger_private.payouts
@@ -197,7 +198,7 @@ async def oldest_unchecked_expectation(conn: Connection) -> datetime | None:
         "LEFT JOIN hookledger_private.payments p ON e.kind = 'collection' "
         "AND p.reference = e.reference "
         "LEFT JOIN hookledger_private.payouts o ON e.kind = 'payout' AND o.reference = e.reference "
-        "WHERE s.subject IS NULL "
+        "WHERE s.subject IS NULL AND e.kind IN ('collection', 'payout') "
         "AND coalesce(p.outcome, o.outcome, 'none') NOT IN ('success', 'failure', 'refunded')")
     row = await cur.fetchone()
     return row[0] if row else None

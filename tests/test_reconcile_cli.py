@@ -31,6 +31,11 @@ def test_expect_reconcile_and_report_from_the_command_line(
         bad = runner.invoke(main, ["expect", "CLI-2", "--kind", "collection",
                                    "--amount", "-3"])
         assert bad.exit_code != 0
+        no_amount = runner.invoke(main, ["expect", "CLI-2", "--kind", "payout"])
+        assert no_amount.exit_code != 0 and "amount is required" in no_amount.output
+        sms = runner.invoke(main, ["expect", "SMS-1", "--kind", "sms"])
+        assert sms.exit_code == 0, sms.output
+        assert "registered: sms SMS-1 0 TZS" in sms.output
         found = runner.invoke(main, ["reconcile"])
         assert found.exit_code == 0, found.output
         assert "missing_webhook" in found.output and "CLI-1" in found.output

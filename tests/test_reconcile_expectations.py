@@ -62,3 +62,44 @@ def test_the_sql_function_registers_refuses_conflicts_and_bad_values(db_url: str
             with pytest.raises(psycopg.errors.InvalidParameterValue):
                 conn.execute("SELECT hookledger.expect(%s, %s, %s)", args)
         assert conn.execute("SELECT count(*) FROM hookledger.expectations").fetchone() == (1,)
+
+
+def test_a_registered_sms_is_pending_until_its_report_and_never_reconciled(db_url: str) -> None:
+    """sms_messages shows a registered message pending; its operator report replaces it;
+    one that never gets a report stays pending and is never a discrepancy."""
+    from sandbox.runner import running_sandbox
+    from tests.reconcile_helpers import CountingState, deliver, reconcile, rows
+
+    with running_service(db_url, admin_token=TOKEN) as base:
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        url = f"{base}/api/expectations"
+        for body in ({"reference": "M-1", "kind": "sms"},
+                     {"reference": "M-2", "kind": "sms", "amount": 0}):
+            assert httpx.post(url, json=body, headers=auth).status_code == 201
+        for bad in ({"reference": "M-3", "kind": "sms", "amount": 5},
+                    {"reference": "M-3", "kind": "collection"},
+                    {"reference": "M-3", "kind": "payout", "amount": 0}):
+            assert httpx.post(url, json=bad, headers=auth).status_code == 400, bad
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("SELECT hookledger.expect('M-0', 'sms', 0, now() - interval '1 day')")
+        with pytest.raises(psycopg.errors.InvalidParameterValue):
+            conn.execute("SELECT hookledger.expect('M-9', 'sms', 1)")
+    assert rows(db_url, "SELECT message_id, status, recipient FROM hookledger.sms_messages "
+                        "ORDER BY 1") == [("M-0", "pending", None), ("M-1", "pending", None),
+                                          ("M-2", "pending", None)]
+    deliver(db_url, "sms.delivered", 94000, reference="M-1", amount=0,
+            customer_reference="255700000001")
+    deliver(db_url, "sms.failed", 94056, reference="M-2", amount=0,
+            customer_reference="255700000002")
+    assert rows(db_url, "SELECT message_id, status, recipient FROM hookledger.sms_messages "
+                        "ORDER BY 1") == [("M-0", "pending", None),
+                                          ("M-1", "delivered", "255700000001"),
+                                          ("M-2", "failed", "255700000002")]
+    assert rows(db_url, "SELECT reference, resolved, outcome FROM hookledger.expectations "
+                        "ORDER BY 1") == [("M-0", False, None), ("M-1", True, "success"),
+                                          ("M-2", True, "failure")]
+    state = CountingState()
+    with running_sandbox(state=state) as api:
+        result = reconcile(db_url, api.url)
+    assert state.asked == {} and result.checked == 0
+    assert rows(db_url, "SELECT count(*) FROM hookledger.discrepancies") == [(0,)]
