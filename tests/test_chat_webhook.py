@@ -323,3 +323,29 @@ def test_no_secret_in_logs_rejections_or_answers(
         for where, text in [("logs", err), ("rejections", repr(stored)),
                             ("answers", "".join(a.text for a in answers))]:
             assert value not in text, (where, text[max(0, text.find(value) - 200):][:400])
+
+
+def test_chat_threads_show_the_24_hour_window_against_the_current_time(
+        service: str, db_url: str) -> None:
+    """A customer who wrote two hours ago can be answered free-form for 22 more hours; one
+    who wrote 25 hours ago cannot (a reply would fail with 95063)."""
+    now = int(time.time())
+    for customer, ago_s in (("255700000011", 2 * 3600), ("255700000022", 25 * 3600)):
+        body = inbound(message_id=f"wamid.win.{customer}", timestamp=str(now - ago_s))
+        body["contactWaId"] = body["message"]["from"] = customer
+        raw = encode(body)
+        assert post(service, PHONE, raw, secret=SECRETS[PHONE],
+                    delivery_id=f"dlv-win-{customer}").status_code == 200
+    deadline = time.monotonic() + 10
+    found: list[tuple[Any, ...]] = []
+    while time.monotonic() < deadline and len(found) < 2:
+        found = rows(db_url, "SELECT contact_wa_id, window_open, "
+                             "extract(epoch FROM window_expires_at - now())::bigint, "
+                             "extract(epoch FROM window_expires_at - last_inbound_at)::bigint "
+                             "FROM hookledger.chat_threads ORDER BY contact_wa_id")
+        time.sleep(0.05)
+    (recent, open_, left, span), (old, open_old, left_old, span_old) = found
+    assert (recent, open_, span) == ("255700000011", True, 24 * 3600)
+    assert 22 * 3600 - 60 < left <= 22 * 3600
+    assert (old, open_old, span_old) == ("255700000022", False, 24 * 3600)
+    assert -3600 - 60 < left_old <= -3600
