@@ -13,7 +13,7 @@ from projections.live import leader_query
 async def status(request: Request) -> Response:
     """Where the ledger and the projector stand."""
     pool = request.app.state.runtime.pool
-    leader_sql, (hi, lo) = leader_query()
+    leader_sql, leader_params = leader_query(request.app.state.projector_name)
     async with pool.connection() as conn:
         cur = await conn.execute(
             "SELECT (SELECT coalesce(max(position), 0) FROM hookledger_private.ledger_events),"
@@ -21,8 +21,7 @@ async def status(request: Request) -> Response:
             "hookledger_private.projection_checkpoints)")
         head, projected = await cur.fetchone()
         # asked of PostgreSQL, so it is true whichever process of this serve projects
-        cur = await conn.execute(leader_sql, {"hi": hi, "lo": lo,
-                                              "name": request.app.state.projector_name})
+        cur = await conn.execute(leader_sql, leader_params)
         (leader,) = await cur.fetchone()
     return JSONResponse({"ledger_head": head, "projected_to": projected,
                          "projector_leader": bool(leader)})

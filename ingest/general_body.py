@@ -33,17 +33,15 @@ into one, which loses no information.
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
 from zoneinfo import ZoneInfo
 
-import orjson
-
 from ingest.codes import CODES, GENERAL_EVENTS, is_failure_code, outcome, outcome_of_event
 from ingest.errors import BodyError
+from ledger.jsonenc import dump_bytes
 
 UNRECOGNISED_EVENT_TYPE = "general.unrecognised"
 VOLATILE_FIELDS = frozenset({"payloadSignature", "message", "timestamp"})
@@ -77,15 +75,11 @@ def canonical_text(value: Any) -> bytes:
     """Sorted keys, no spaces, UTF-8: the bytes a dedupe key hashes. Never change them, or a
     redelivery of an event already kept would no longer be known as one.
 
-    orjson writes exactly what ``json.dumps(sort_keys=True, separators=(",", ":"),
-    ensure_ascii=False)`` writes for canonical values (a property test holds them equal),
-    several times faster; anything it refuses takes the standard library's way.
+    The ledger's own deterministic writer gives exactly what ``json.dumps(sort_keys=True,
+    separators=(",", ":"), ensure_ascii=False)`` writes for canonical values (a property
+    test holds them equal), several times faster.
     """
-    try:
-        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
-    except TypeError:
-        return json.dumps(value, sort_keys=True, separators=(",", ":"),
-                          ensure_ascii=False).encode("utf-8")
+    return dump_bytes(value)
 
 
 def dedupe_key(body: dict[str, Any]) -> str:

@@ -92,8 +92,8 @@ def _fold_money(row: Row | None, event: StoredEvent, *, kind: str, rank: int,
     found: list[Discrepancy] = []
     slot = None if recovered else SLOT_OF_OUTCOME.get(facts["outcome"])
     if slot is not None:
-        found = _conflicts(evidence, slot, amount, kind, reference)
         known_amounts = _confirmed_amounts(evidence)  # before this event takes the slot
+        found = _conflicts(evidence, slot, amount, known_amounts, kind, reference)
         held = evidence.get(slot)
         if held is None or key > key_from_json(held[0]):
             evidence[slot] = [key_to_json(key), event.dedupe_key,
@@ -101,11 +101,7 @@ def _fold_money(row: Row | None, event: StoredEvent, *, kind: str, rank: int,
         if slot == "confirmed" and amount is not None:
             evidence["amounts"] = sorted({*known_amounts, _amount_text(amount)}, key=Decimal)
     if not recovered and facts.get("code_event_conflict"):
-        found.append(Discrepancy(
-            kind="conflicting_events", subject=kind, reference=reference,
-            detail=f"code {facts.get('code')} contradicts event {facts['event']}; the code's "
-                   f"band decides, so it counts as {facts['outcome']}",
-            amount_at_risk=amount or None, evidence=(event.dedupe_key,)))
+        found.append(_code_contradiction(kind, event, facts["outcome"], amount or None))
     if state["winner"] is None or key > key_from_json(state["winner"]):
         state.update(candidate)
         state["winner"] = key_to_json(key)
@@ -125,8 +121,19 @@ def _amount_text(amount: Decimal) -> str:
     return format(amount.normalize(), "f")
 
 
-def _conflicts(evidence: dict[str, Any], slot: str, amount: Decimal | None, kind: str,
-               reference: str) -> list[Discrepancy]:
+def _code_contradiction(subject: str, event: StoredEvent, counts_as: str,
+                        at_risk: Decimal | None) -> Discrepancy:
+    """A delivery whose code's band contradicts its event name (the code decided)."""
+    facts = event.facts
+    return Discrepancy(
+        kind="conflicting_events", subject=subject, reference=facts["reference"],
+        detail=f"code {facts.get('code')} contradicts event {facts['event']}; the code's "
+               f"band decides, so it counts as {counts_as}",
+        amount_at_risk=at_risk, evidence=(event.dedupe_key,))
+
+
+def _conflicts(evidence: dict[str, Any], slot: str, amount: Decimal | None,
+               known_amounts: list[str], kind: str, reference: str) -> list[Discrepancy]:
     """What this event contradicts among those folded before it.
 
     A finding is named by what conflicts (the outcomes, the two amounts), not by which
@@ -147,7 +154,7 @@ def _conflicts(evidence: dict[str, Any], slot: str, amount: Decimal | None, kind
     if slot == "confirmed" and amount is not None:
         mine = _amount_text(amount)
         found = []
-        for seen in _confirmed_amounts(evidence):
+        for seen in known_amounts:
             if seen == mine:
                 continue
             low, high = sorted((Decimal(seen), Decimal(mine)))
@@ -242,11 +249,7 @@ def fold_sms(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrepancy
     descriptive = {"recipient": facts.get("customer_reference")}
     found: list[Discrepancy] = []
     if facts.get("code_event_conflict"):
-        found.append(Discrepancy(
-            kind="conflicting_events", subject="sms", reference=facts["reference"],
-            detail=f"code {facts.get('code')} contradicts event {facts['event']}; the code's "
-                   f"band decides, so it counts as {status}",
-            amount_at_risk=None, evidence=(event.dedupe_key,)))
+        found.append(_code_contradiction("sms", event, status, None))
     if row is None:
         values, provenance = merge_descriptive({}, {}, descriptive, key)
         return {**candidate, **values, "winner": key_to_json(key), "provenance": provenance,

@@ -39,16 +39,17 @@ def application_name(token: str | None = None) -> str:
     return f"{APPLICATION_PREFIX}{token or uuid.uuid4().hex[:16]}"
 
 
-def leader_query() -> tuple[str, tuple[int, int]]:
-    """SQL (and its parameters but the name) telling whether the projector lock is held by
-    the session named ``%(name)s``: an advisory lock on a bigint key shows in ``pg_locks``
-    as its high and low 32 bits."""
+def leader_query(name: str) -> tuple[str, dict[str, object]]:
+    """SQL and parameters telling whether the projector lock is held by the session named
+    ``name``: an advisory lock on a bigint key shows in ``pg_locks`` as its high and low
+    32 bits."""
     return ("SELECT EXISTS (SELECT 1 FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
             "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 "
             "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
             "AND l.classid::bigint = %(hi)s AND l.objid::bigint = %(lo)s "
             "AND a.application_name = %(name)s)",
-            (PROJECTOR_LOCK_KEY >> 32, PROJECTOR_LOCK_KEY & 0xFFFFFFFF))
+            {"hi": PROJECTOR_LOCK_KEY >> 32, "lo": PROJECTOR_LOCK_KEY & 0xFFFFFFFF,
+             "name": name})
 
 log = structlog.get_logger("hookledger.projector")
 
