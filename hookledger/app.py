@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -166,6 +167,12 @@ def create_app(settings: Settings, database_url: str, *,
                 stack.push_async_callback(app.state.reconciler.shutdown)
             log.info("service.started", general_webhooks=sorted(settings.general_secrets),
                      chat_numbers=len(settings.chat_secrets))
+            # What exists now lives as long as the service. Left to the cyclic collector,
+            # its ~100k objects were rescanned by every full collection: a worker paused for
+            # 50-70 ms under load (p99 latency), against under 6 ms once frozen (measured
+            # with gc.callbacks). Unfrozen at shutdown, so nothing is pinned past the app.
+            gc.freeze()
+            stack.callback(gc.unfreeze)
             yield
         log.info("service.stopped", batches=appender.batches, events=appender.events)
 
