@@ -100,6 +100,7 @@ def _serve_workers(settings: Settings, url: str, started: float) -> None:
     database URL handed down, and only ingests (reconciliation elects one leader among them,
     as among separate ``serve`` processes).
     """
+    import gc
     import os
 
     import uvicorn
@@ -122,6 +123,7 @@ def _serve_workers(settings: Settings, url: str, started: float) -> None:
     # the workers only answer; folding runs here, beside the supervisor, off their loops
     projector = ProjectorThread(live_projector(settings, url, projector_name))
     projector.start()
+    gc.freeze()  # as in each worker (hookledger.app): start-up objects are never rescanned
     try:
         Multiprocess(config, sockets=[sock]).run()
     finally:

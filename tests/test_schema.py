@@ -51,3 +51,37 @@ def test_downgrade_to_base_and_upgrade_again(empty_db_url: str) -> None:
     migrate.upgrade(empty_db_url)
     with psycopg.connect(empty_db_url) as conn:
         assert conn.execute("SELECT count(*) FROM hookledger.ledger").fetchone() == (0,)
+
+
+def _server_has_lz4(conn: psycopg.Connection) -> bool:
+    try:
+        with conn.transaction():
+            conn.execute("SET LOCAL default_toast_compression = 'lz4'")
+    except psycopg.errors.InvalidParameterValue:
+        return False
+    return True
+
+
+def test_the_ledger_compresses_with_lz4_where_the_server_has_it(empty_db_url: str) -> None:
+    migrate.upgrade(empty_db_url)
+    with psycopg.connect(empty_db_url) as conn:
+        methods = dict(conn.execute(
+            "SELECT attname, attcompression FROM pg_attribute WHERE attrelid = "
+            "'hookledger_private.ledger_events'::regclass AND attname = ANY(%s)",
+            (["raw_body", "payload", "facts", "headers"],)).fetchall())
+        expected = "l" if _server_has_lz4(conn) else ""
+        # the rows read back the same whichever method wrote them
+        conn.execute(
+            "INSERT INTO hookledger_private.ledger_events (stream, event_type, source, "
+            "dedupe_key, raw_body, payload, received_at) VALUES ('s', 't', 'test', 'k', "
+            "%s, %s, now())", (b"x" * 5000, '{"text": "' + "y" * 5000 + '"}'))
+        raw, payload = conn.execute(
+            "SELECT raw_body, payload FROM hookledger.ledger").fetchone() or (None, None)
+    assert methods == dict.fromkeys(["raw_body", "payload", "facts", "headers"], expected)
+    assert bytes(raw) == b"x" * 5000 and payload == {"text": "y" * 5000}
+    migrate.downgrade(empty_db_url, "0006")
+    with psycopg.connect(empty_db_url) as conn:
+        after = {row[0] for row in conn.execute(
+            "SELECT attcompression FROM pg_attribute WHERE attrelid = "
+            "'hookledger_private.ledger_events'::regclass AND attname = 'raw_body'")}
+    assert after == {""}
