@@ -14,8 +14,11 @@ sent message, so every status of one message lands in one stream.
   still an inbound message (it opens the 24-hour window) and is kept as received, flagged
   ``message_type_known: false``.
 * A known type whose fields have the wrong JSON types, or that lacks the id it is filed
-  under, is a :class:`BodyError` (HTTP 400) naming the field. A ``phoneNumberId`` that is
-  not the number of the URL (whose secret verified it) is ``phone_number_mismatch``.
+  under, is a :class:`BodyError` naming the field; :func:`read_chat_or_malformed` keeps it
+  as ``chat.malformed`` (never projected, reported as a discrepancy), because the platform
+  would send the same body five times and then give up on it. A ``phoneNumberId`` that is
+  not the number of the URL (whose secret verified it) is ``phone_number_mismatch``: that
+  one is refused (400), as a delivery meant for another number.
 
 The dedupe key
 --------------
@@ -53,6 +56,7 @@ from ingest.errors import BodyError
 
 SOURCE = "chat"
 UNRECOGNISED_EVENT_TYPE = "chat.unrecognised"
+MALFORMED_EVENT_TYPE = "chat.malformed"
 RECEIVED_EVENT_TYPE = "chat.message.received"
 MESSAGE_KINDS = frozenset({"text", "image", "document", "audio", "video"})
 MEDIA_KINDS = frozenset({"image", "document", "audio", "video"})
@@ -288,6 +292,48 @@ def read_chat(body: Mapping[str, Any], meta: DeliveryMeta, *,
     return _unrecognised(body, meta, digest, key, kind if isinstance(kind, str) else None)
 
 
+def read_chat_or_malformed(body: Mapping[str, Any], meta: DeliveryMeta, *,
+                           error_causes: Mapping[str, int] = PLATFORM_ERROR_CAUSES
+                           ) -> ChatDelivery:
+    """Like :func:`read_chat`, but a known type whose fields cannot be read is kept as
+    ``chat.malformed``; only a body meant for another number is still refused."""
+    try:
+        return read_chat(body, meta, error_causes=error_causes)
+    except BodyError as exc:
+        if exc.reason == "phone_number_mismatch":
+            raise
+        return _malformed(body, meta, exc)
+
+
+def _malformed(body: Mapping[str, Any], meta: DeliveryMeta, error: BodyError) -> ChatDelivery:
+    digest = content_sha256(body)
+    kind = body.get("type")
+    message_id = _findable_message_id(body)
+    facts = {
+        **_common(body, meta, digest, strict=False),
+        "recognised": False,
+        "malformed": True,
+        "reason": error.reason,
+        "detail": error.detail,
+        "subject": "chat",
+        "kind": kind[:64] if isinstance(kind, str) else None,
+        "message_id": message_id,
+    }
+    stream = (f"chat-message:{message_id}" if message_id
+              else f"chat-malformed:{meta.phone_number_id}")
+    return ChatDelivery(MALFORMED_EVENT_TYPE, stream, dedupe_key(meta.delivery_id, digest),
+                        None, facts)
+
+
+def _findable_message_id(body: Mapping[str, Any]) -> str | None:
+    for block_name in ("message", "status"):
+        block = body.get(block_name)
+        candidate = block.get("id") if isinstance(block, dict) else None
+        if isinstance(candidate, str) and candidate.strip() and len(candidate) <= MAX_ID:
+            return candidate
+    return None
+
+
 def _message(body: Mapping[str, Any], meta: DeliveryMeta, digest: str,
              key: str) -> ChatDelivery:
     message = _object(body, "message", "", required=True)
@@ -379,12 +425,7 @@ def _unrecognised(body: Mapping[str, Any], meta: DeliveryMeta, digest: str, key:
                   status: str | None = None) -> ChatDelivery:
     """Kept, flagged, and filed under the message when an id can be found, never dropped."""
     if message_id is None:
-        for block_name in ("message", "status"):
-            block = body.get(block_name)
-            candidate = block.get("id") if isinstance(block, dict) else None
-            if isinstance(candidate, str) and candidate.strip() and len(candidate) <= MAX_ID:
-                message_id = candidate
-                break
+        message_id = _findable_message_id(body)
     facts = {
         **_common(body, meta, digest, strict=False),
         "recognised": False,

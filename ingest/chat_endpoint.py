@@ -22,12 +22,13 @@ from ingest import chat_signature, responses
 from ingest.appender import BatchingAppender
 from ingest.body import BODY_TIMEOUT_S, read_limited
 from ingest.chat_body import (
+    MALFORMED_EVENT_TYPE,
     PLATFORM_ERROR_CAUSES,
     SOURCE,
     DeliveryMeta,
     attempt_of,
     delivery_id_of,
-    read_chat,
+    read_chat_or_malformed,
     user_agent_of,
 )
 from ingest.chat_secrets import MAX_PHONE_NUMBER_ID, ChatSecretStore
@@ -114,9 +115,12 @@ class ChatEndpoint:
                 user_agent=user_agent_of(request.headers.get("user-agent")),
             )
             parsed, text = parse_object(body)
-            delivery = read_chat(parsed, meta, error_causes=self._error_causes)
+            delivery = read_chat_or_malformed(parsed, meta, error_causes=self._error_causes)
         except BodyError as exc:
             return await self._refuse(refusal(400, exc.reason, exc.detail, body, len(body), True))
+        if delivery.event_type == MALFORMED_EVENT_TYPE:
+            log.warning("delivery.malformed", reason=delivery.facts["reason"],
+                        detail=delivery.facts["detail"])
 
         structlog.contextvars.bind_contextvars(
             delivery_id=meta.delivery_id, attempt=meta.attempt,

@@ -14,6 +14,9 @@ What a careless reading gets wrong, and what this module does instead:
 * an event name that is not in the spec's table, or none at all (the dashboard's ping), is
   kept and flagged ``recognised: false`` under event type ``general.unrecognised``, so that
   no projection applies it blindly;
+* a listed event whose fields cannot be read (no ``timestamp``, an ``amount`` sent as text)
+  is still a signed JSON object the provider will never send again: it is kept too, as
+  ``general.malformed`` with the reason, never projected, and reported as a discrepancy;
 * ``payloadSignature`` is deprecated and never trusted.
 
 The dedupe key
@@ -44,6 +47,7 @@ from ingest.errors import BodyError
 from ledger.jsonenc import dump_bytes
 
 UNRECOGNISED_EVENT_TYPE = "general.unrecognised"
+MALFORMED_EVENT_TYPE = "general.malformed"
 VOLATILE_FIELDS = frozenset({"payloadSignature", "message", "timestamp"})
 MAX_TEXT = 512  # a reference or name longer than this is not a real one
 
@@ -243,10 +247,42 @@ def read_general(body: dict[str, Any], zone: ZoneInfo) -> GeneralDelivery:
     return GeneralDelivery(event, f"{subject}:{reference}", key, occurred_at, facts)
 
 
-def _unrecognised(body: dict[str, Any], event: Any, key: str) -> GeneralDelivery:
+def read_general_or_malformed(body: dict[str, Any], zone: ZoneInfo) -> GeneralDelivery:
+    """Like :func:`read_general`, but a listed event that cannot be read is kept as
+    ``general.malformed`` rather than refused: the body is a signed JSON object, and the
+    general system never sends it again."""
+    try:
+        return read_general(body, zone)
+    except BodyError as exc:
+        return _malformed(body, exc)
+
+
+def _usable_reference(body: dict[str, Any]) -> str | None:
     reference = body.get("reference")
     usable = isinstance(reference, str) and reference.strip() and len(reference) <= MAX_TEXT
-    reference = reference if usable else None
+    return reference if usable else None
+
+
+def _malformed(body: dict[str, Any], error: BodyError) -> GeneralDelivery:
+    key = dedupe_key(body)  # the same event through all three URLs is still one event
+    event = body.get("event")
+    reference = _usable_reference(body)
+    facts = {
+        "recognised": False,
+        "malformed": True,
+        "reason": error.reason,
+        "detail": error.detail,
+        "event": event if isinstance(event, str) else None,
+        "subject": GENERAL_EVENTS[event][1] if isinstance(event, str) and event in
+        GENERAL_EVENTS else None,
+        "reference": reference,
+    }
+    stream = f"malformed:{reference}" if reference else f"malformed:{key[8:24]}"
+    return GeneralDelivery(MALFORMED_EVENT_TYPE, stream, key, None, facts)
+
+
+def _unrecognised(body: dict[str, Any], event: Any, key: str) -> GeneralDelivery:
+    reference = _usable_reference(body)
     facts = {
         "recognised": False,
         "event": event if isinstance(event, str) else None,

@@ -21,7 +21,7 @@ from ingest import general_signature, responses
 from ingest.appender import BatchingAppender
 from ingest.body import BODY_TIMEOUT_S, read_limited
 from ingest.errors import BodyError, BodyTooLarge, BodyTooSlow
-from ingest.general_body import read_general
+from ingest.general_body import MALFORMED_EVENT_TYPE, read_general_or_malformed
 from ingest.headers import masked, safe_headers
 from ingest.json_body import parse_object
 from ingest.metrics import IngestMetrics
@@ -86,9 +86,12 @@ class GeneralEndpoint:
 
         try:
             parsed, text = parse_object(body)
-            delivery = read_general(parsed, self._zone)
-        except BodyError as exc:
+        except BodyError as exc:  # not a JSON object we can store: the one 400 when signed
             return await self._refuse(refusal(400, exc.reason, exc.detail, body, len(body), True))
+        delivery = read_general_or_malformed(parsed, self._zone)
+        if delivery.event_type == MALFORMED_EVENT_TYPE:
+            log.warning("delivery.malformed", reason=delivery.facts["reason"],
+                        detail=delivery.facts["detail"])
 
         structlog.contextvars.bind_contextvars(
             reference=delivery.facts.get("reference"), event=delivery.facts.get("event"))

@@ -32,6 +32,7 @@ from ledger.jsonenc import dumps
 from ledger.schema import PRIVATE_SCHEMA, metadata
 from ledger.store import append_in, read_in
 from projections.folding import Discrepancy
+from projections.malformed import malformed_discrepancy
 from projections.registry import PROJECTIONS, Projection, Row
 from projections.replay_buffer import ReplayBuffer, Spill
 
@@ -196,7 +197,8 @@ async def apply_events(conn: Connection, events: Sequence[StoredEvent], *,
     Without ``buffer`` (the live projector) the rows are read and written in this call;
     with one (a replay) they are held there and written when it spills or drains.
     """
-    findings: list[Finding] = []
+    findings = [Finding(unread, event) for event in events
+                if (unread := malformed_discrepancy(event)) is not None]
     for projection in projections:
         touched, unkeyed = touched_keys(projection, events)
         findings.extend(unkeyed)

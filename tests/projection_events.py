@@ -9,7 +9,7 @@ from typing import Any
 from uuid import uuid4
 from zoneinfo import ZoneInfo
 
-from ingest.general_body import read_general
+from ingest.general_body import read_general_or_malformed
 from ingest.json_body import parse_object
 from ledger import NewEvent, StoredEvent
 from tests.general_events import general_body
@@ -22,7 +22,7 @@ def new_event(event: str, code: int, **kwargs: Any) -> NewEvent:
     """A general delivery read by the real ingest code, ready to append."""
     raw = json.dumps(general_body(event, code, **kwargs)).encode()
     parsed, text = parse_object(raw)
-    read = read_general(parsed, EAT)
+    read = read_general_or_malformed(parsed, EAT)
     return NewEvent(stream=read.stream, event_type=read.event_type, source="general",
                     dedupe_key=read.dedupe_key, payload_json=text,
                     received_at=datetime.now(UTC), facts=read.facts,

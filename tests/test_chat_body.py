@@ -13,6 +13,7 @@ from ingest.chat_body import (
     attempt_of,
     delivery_id_of,
     read_chat,
+    read_chat_or_malformed,
 )
 from ingest.errors import BodyError
 from ingest.json_body import parse_object
@@ -157,15 +158,25 @@ def test_an_unrecognised_status_is_filed_under_its_message() -> None:
     (status("failed", errors=[{"code": 1, "title": 2}]), "invalid_field"),
     ({**status(), "status": {"id": "m", "status": 3}}, "invalid_field"),
 ])
-def test_a_known_type_with_wrong_field_types_is_refused_with_a_reason(
+def test_a_known_type_with_wrong_field_types_is_kept_as_malformed(
         body: dict[str, Any], reason: str) -> None:
     assert refused(body) == reason
+    kept = read_chat_or_malformed(body, META)
+    assert kept.event_type == "chat.malformed" and kept.occurred_at is None
+    assert kept.dedupe_key == "chat:delivery:dlv-1"  # retries of it are one event
+    assert (kept.facts["reason"], kept.facts["malformed"]) == (reason, True)
+    assert kept.facts["recognised"] is False and kept.facts["subject"] == "chat"
+    message_id = kept.facts["message_id"]
+    assert kept.stream == (f"chat-message:{message_id}" if message_id
+                           else f"chat-malformed:{PHONE}")
 
 
 @pytest.mark.parametrize("body", [inbound(phone="555"), status(phone="555"),
                                   {"type": "other", "phoneNumberId": "555"}])
 def test_a_body_for_another_number_than_the_url_is_a_mismatch(body: dict[str, Any]) -> None:
     assert refused(body) == "phone_number_mismatch"
+    with pytest.raises(BodyError):  # meant for another number: refused, never kept
+        read_chat_or_malformed(body, META)
 
 
 def test_without_a_delivery_id_the_key_is_the_canonical_body_hash() -> None:

@@ -19,6 +19,7 @@ from psycopg_pool import AsyncConnectionPool
 from hookledger import logs
 from ingest.chat_secrets import ChatSecretStore, fingerprint
 from tests.chat_events import PHONE, chat_header, encode, inbound, status
+from tests.chat_live import wait_for
 from tests.live import running_service
 
 SECRETS = {PHONE: "chat-secret-alpha-1", "2000000002": "chat-secret-beta-2",
@@ -229,7 +230,6 @@ def test_after_a_rotation_the_new_secret_verifies_at_once_and_the_old_one_still(
     (PHONE, {}, encode(inbound(phone="2000000002")), SECRETS[PHONE], 400,
      "phone_number_mismatch"),
     (PHONE, {}, b"not json", SECRETS[PHONE], 400, "invalid_json"),
-    (PHONE, {}, encode(inbound(timestamp=5)), SECRETS[PHONE], 400, "invalid_field"),
     (PHONE, {"x-service-delivery-id": "x" * 300}, encode(inbound()), SECRETS[PHONE], 400,
      "invalid_delivery_id"),
     (PHONE, {"content-encoding": "gzip"}, encode(inbound()), SECRETS[PHONE], 415,
@@ -248,6 +248,27 @@ def test_refusals_are_answered_and_recorded_with_their_reason(
                 "FROM hookledger.rejected_deliveries")
     assert (endpoint, got, http_status) == (f"chat/{phone}", reason, status)
     assert verified is (status == 400)
+
+
+def test_a_known_type_with_unreadable_fields_is_kept_flagged_and_reported(
+        service: str, db_url: str) -> None:
+    """The platform would send it five times and then give up: it is kept, once."""
+    raw = encode(inbound(message_id="wamid.BAD", timestamp=5))
+    for _ in range(2):
+        answer = post(service, PHONE, raw, secret=SECRETS[PHONE],
+                      headers={"x-service-delivery-id": "dlv-bad-1"})
+        assert answer.status_code == 200, answer.text
+    [(event_type, stored, facts, stream)] = rows(
+        db_url, "SELECT event_type, raw_body, facts, stream FROM hookledger.ledger")
+    assert (event_type, bytes(stored), stream) == ("chat.malformed", raw,
+                                                   "chat-message:wamid.BAD")
+    assert (facts["reason"], facts["malformed"], facts["kind"]) == ("invalid_field", True,
+                                                                     "message")
+    assert rows(db_url, "SELECT count(*) FROM hookledger.rejected_deliveries") == [(0,)]
+    found = wait_for(lambda: rows(
+        db_url, "SELECT kind, subject, reference FROM hookledger.discrepancies"))
+    assert found == [("malformed_delivery", "chat", "wamid.BAD")]
+    assert rows(db_url, "SELECT count(*) FROM hookledger.chat_messages") == [(0,)]
 
 
 def test_a_stale_but_genuine_delivery_is_refused_as_stale(service: str, db_url: str) -> None:

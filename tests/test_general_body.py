@@ -12,7 +12,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ingest.errors import BodyError
-from ingest.general_body import UNRECOGNISED_EVENT_TYPE, dedupe_key, read_general
+from ingest.general_body import (
+    MALFORMED_EVENT_TYPE,
+    UNRECOGNISED_EVENT_TYPE,
+    dedupe_key,
+    read_general,
+    read_general_or_malformed,
+)
 from ingest.json_body import parse_object
 
 EAT = ZoneInfo("Africa/Dar_es_Salaam")
@@ -119,11 +125,28 @@ def test_unknown_events_and_pings_are_kept_flagged(payload: dict[str, Any]) -> N
     ({"invoice": {"amountDue": "0"}}, "invalid_field"),
     ({"transactionId": {"x": 1}}, "invalid_field"),
 ])
-def test_a_known_event_with_wrong_fields_is_refused(overrides: dict[str, Any],
-                                                   reason: str) -> None:
+def test_a_known_event_with_wrong_fields_is_kept_as_malformed(overrides: dict[str, Any],
+                                                              reason: str) -> None:
+    payload = body(**overrides)  # None removes the field
     with pytest.raises(BodyError) as err:
-        read_general(body(**overrides), EAT)  # None removes the field
+        read_general(payload, EAT)
     assert err.value.reason == reason
+    kept = read_general_or_malformed(payload, EAT)
+    assert kept.event_type == MALFORMED_EVENT_TYPE and kept.occurred_at is None
+    assert kept.dedupe_key == dedupe_key(payload)  # one event through all three URLs
+    assert kept.facts["reason"] == reason and kept.facts["detail"] == err.value.detail
+    assert kept.facts["recognised"] is False and kept.facts["malformed"] is True
+    assert kept.facts["event"] == payload["event"]
+    assert kept.facts["subject"] == "collection"
+    reference = payload.get("reference")
+    assert kept.facts["reference"] == (reference if isinstance(reference, str)
+                                       and reference.strip() else None)
+    assert kept.stream.startswith("malformed:")
+
+
+def test_a_well_formed_event_is_read_the_same_either_way() -> None:
+    payload = body()
+    assert read_general_or_malformed(payload, EAT) == read_general(payload, EAT)
 
 
 @pytest.mark.parametrize(("raw", "reason"), [

@@ -1,5 +1,6 @@
 """Hostile requests, correctly signed so that they reach the parser: each one is a 4xx with
-a recorded reason, never a 500, and nothing of it reaches the ledger.
+a recorded reason, never a 500, and nothing of it reaches the ledger. A signed JSON object of
+a listed event whose fields cannot be read is not hostile: it is kept, flagged, and reported.
 
 A correctly signed JSON object is accepted whatever its Content-Type: the signature is the
 proof, the provider never retries, and refusing a genuine delivery over a header would lose
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.chat_live import wait_for
 from tests.general_events import encode, general_body
 from tests.live import running_service
 from tests.test_general_webhook import SECRETS, post, rows
@@ -49,12 +51,19 @@ HOSTILE = [
     ("duplicate keys", b'{"reference": "A", "reference": "B"}', "duplicate_json_key"),
     ("NUL in a string", replace("reference", '"A\\u0000B"'), "nul_character"),
     ("lone surrogate", replace("reference", '"\\ud800"'), "invalid_unicode"),
-    ("amount of the wrong type", replace("amount", '{"value": 10}'), "invalid_field"),
-    ("code of the wrong type", replace("code", '"ninety-one"'), "invalid_field"),
-    ("reference of the wrong type", replace("reference", "[1, 2]"), "invalid_field"),
-    ("timestamp not a date", replace("timestamp", '"20261399256199"'), "invalid_field"),
     ("a JSON array", b"[]", "not_an_object"),
     ("empty body", b"", "invalid_json"),
+]
+
+# Signed JSON objects of a listed event whose fields cannot be read: the general system
+# never sends them again, so they are kept (flagged, never projected), not refused.
+UNREADABLE_FIELDS = [
+    ("amount of the wrong type", replace("amount", '{"value": 10}'), "invalid_field"),
+    ("amount as text", replace("amount", '"1000"'), "invalid_field"),
+    ("code of the wrong type", replace("code", '"ninety-one"'), "invalid_field"),
+    ("timestamp not a date", replace("timestamp", '"20261399256199"'), "invalid_field"),
+    ("no timestamp", json.dumps({k: v for k, v in GOOD.items() if k != "timestamp"}).encode(),
+     "missing_field"),
 ]
 
 
@@ -68,6 +77,32 @@ def test_a_signed_hostile_body_is_400_with_its_reason(service: str, db_url: str,
     assert rows(db_url, "SELECT count(*) FROM hookledger.ledger") == [(0,)]
     assert rows(db_url, "SELECT reason, verified FROM hookledger.rejected_deliveries") == [
         (reason, True)]
+
+
+@pytest.mark.parametrize(("raw", "reason"),
+                         [(raw, reason) for _, raw, reason in UNREADABLE_FIELDS],
+                         ids=[name for name, _, _ in UNREADABLE_FIELDS])
+def test_a_signed_event_with_unreadable_fields_is_kept_flagged_and_never_projected(
+        service: str, db_url: str, raw: bytes, reason: str) -> None:
+    answer = post(service, "primary", raw, secret=SECRETS["primary"])
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["duplicate"] is False
+    [(event_type, stored, facts, stream)] = rows(
+        db_url, "SELECT event_type, raw_body, facts, stream FROM hookledger.ledger")
+    assert (event_type, bytes(stored)) == ("general.malformed", raw)
+    assert facts["reason"] == reason and facts["malformed"] is True
+    assert facts["event"] == "payment.confirmed" and facts["subject"] == "collection"
+    assert stream == "malformed:HOSTILE"
+    # the same delivery through another registered URL is the same event
+    again = post(service, "backup", raw, secret=SECRETS["backup"])
+    assert again.status_code == 200 and again.json()["duplicate"] is True
+    assert rows(db_url, "SELECT count(*) FROM hookledger.rejected_deliveries") == [(0,)]
+    found = wait_for(lambda: rows(
+        db_url, "SELECT kind, subject, reference, detail FROM hookledger.discrepancies"))
+    [(kind, subject, reference, detail)] = found
+    assert (kind, subject, reference) == ("malformed_delivery", "collection", "HOSTILE")
+    assert reason in detail and "payment.confirmed" in detail
+    assert rows(db_url, "SELECT count(*) FROM hookledger.payments") == [(0,)]
 
 
 def test_a_gzip_body_is_415_even_when_signed(service: str, db_url: str) -> None:
