@@ -50,7 +50,10 @@ async def translated_errors() -> AsyncIterator[None]:
     """Turn driver errors into the ledger's own, so callers never import psycopg."""
     try:
         yield
-    except (psycopg.OperationalError, psycopg.InterfaceError) as exc:  # incl. PoolTimeout
+    except (psycopg.OperationalError, psycopg.InterfaceError,  # incl. PoolTimeout
+            # a read-only server (a standby, or the old primary just after a failover)
+            # cannot take writes now but will, or its successor will: not the event's fault
+            psycopg.errors.ReadOnlySqlTransaction) as exc:
         raise LedgerUnavailable(f"database unavailable: {type(exc).__name__}") from exc
     except psycopg.IntegrityError as exc:
         raise LedgerIntegrityError(str(exc).splitlines()[0]) from exc

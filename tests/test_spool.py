@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from datetime import UTC, datetime
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool
 
+from ingest.appender import BatchingAppender
 from ingest.spool import QUARANTINE, Spool, encode_event, read_records
 from ingest.spool_drain import SpoolDrainer
 from ledger import LedgerStore, NewEvent
@@ -178,3 +180,32 @@ def test_only_when_neither_the_database_nor_the_spool_can_take_it_is_the_answer_
             assert answer.status_code == 200 and answer.json()["spooled"] is True
         finally:
             _connections(pg_admin_url, name, allow=True)
+
+
+@pytest.mark.anyio
+async def test_a_read_only_database_spools_the_batch_instead_of_refusing_it(
+        db_url: str, tmp_path: Path) -> None:
+    """A standby (or the old primary right after a failover) refuses writes for a while:
+    that is the database being unavailable, so the deliveries are spooled, not answered 503,
+    and drained once it takes writes again."""
+    async def read_only(conn: psycopg.AsyncConnection[Any]) -> None:
+        await conn.execute("SET default_transaction_read_only = on")
+
+    spool = Spool(tmp_path)
+    async with AsyncConnectionPool(db_url, min_size=1, max_size=2, open=False,
+                                   kwargs={"autocommit": True}, configure=read_only) as pool:
+        appender = BatchingAppender(LedgerStore(pool).append, spool=spool)
+        appender.start()
+        results = await asyncio.gather(*(appender.append(event(i)) for i in range(3)))
+        await appender.close()
+    assert [r.spooled for r in results] == [True, True, True]
+    assert spool.backlog == 3
+    async with AsyncConnectionPool(db_url, min_size=1, max_size=2, open=False,
+                                   kwargs={"autocommit": True}) as pool:
+        drainer = SpoolDrainer(spool, LedgerStore(pool).append)
+        await drainer.drain_once()
+        async with pool.connection() as conn:
+            cur = await conn.execute("SELECT dedupe_key FROM hookledger.ledger ORDER BY position")
+            assert [k for (k,) in await cur.fetchall()] == [event(i).dedupe_key
+                                                          for i in range(3)]
+    assert drainer.quarantined == 0 and spool.backlog == 0
