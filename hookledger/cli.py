@@ -13,7 +13,7 @@ import structlog
 from pydantic import ValidationError
 
 from hookledger import logs, migrate
-from hookledger.database import database
+from hookledger.database import database, libpq_url
 from hookledger.embedded_postgres import EmbeddedPostgres, EmbeddedPostgresError
 from hookledger.settings import Settings
 
@@ -261,7 +261,7 @@ def db_url() -> None:
     """Print the database URL in use (for psql and other clients)."""
     settings = load_settings()
     if settings.database_url:
-        click.echo(settings.database_url)
+        click.echo(libpq_url(settings.database_url))  # as psql takes it, without +psycopg
         return
     embedded = EmbeddedPostgres(settings.home, os_user_when_root=settings.embedded_os_user)
     click.echo(embedded.url())

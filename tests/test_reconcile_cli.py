@@ -46,3 +46,14 @@ def test_expect_reconcile_and_report_from_the_command_line(
     data = json.loads(out.read_text())
     assert data["totals"]["open"] == 1
     assert data["open"][0]["reference"] == "CLI-1"
+
+
+def test_db_url_prints_what_psql_takes_even_when_configured_for_sqlalchemy(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOOKLEDGER_HOME", str(tmp_path))
+    for given in ("postgresql+psycopg://u@db.example:5432/ledger",
+                  "postgresql://u@db.example:5432/ledger"):
+        monkeypatch.setenv("HOOKLEDGER_DATABASE_URL", given)
+        printed = CliRunner().invoke(main, ["db", "url"])
+        assert printed.exit_code == 0, printed.output
+        assert printed.output.strip() == "postgresql://u@db.example:5432/ledger"
