@@ -60,3 +60,20 @@ def test_an_unknown_zone_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOOKLEDGER_PROVIDER_TIMEZONE", "Mars/Olympus")
     with pytest.raises(ValidationError, match="provider_timezone"):
         Settings()
+
+
+def test_the_provider_zone_is_known_without_the_hosts_zone_database(tmp_path: Path) -> None:
+    """A slim container has no /usr/share/zoneinfo: the zones come from the tzdata package,
+    so the default East Africa Time still reads (PYTHONTZPATH empty hides the system's)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKLEDGER_")}
+    env.update(PYTHONTZPATH="", HOOKLEDGER_HOME=str(tmp_path))
+    out = subprocess.run(
+        [sys.executable, "-c", "import zoneinfo; from hookledger.settings import Settings; "
+         "s = Settings(); print(zoneinfo.TZPATH, s.zone.key, "
+         "s.zone.utcoffset(__import__('datetime').datetime(2026, 1, 1)))"],
+        env=env, cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["()", "Africa/Dar_es_Salaam", "3:00:00"]
