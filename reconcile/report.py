@@ -67,6 +67,9 @@ ACTIONS = {
                               "invoice as settled; collect the outstanding amount.",
     "unprojectable_event": "A ledger event could not be folded into a projection and was "
                            "left out of it; the event is kept. Report it with its position.",
+    "malformed_delivery": "A signed delivery whose fields could not be read is kept in the "
+                          "ledger but in no view. Reconciliation asks the provider about its "
+                          "payment; check the rest by hand from the raw body at its position.",
 }
 
 

@@ -20,7 +20,10 @@ from psycopg.rows import dict_row
 from reconcile.checks import CHECK_KINDS, Local, OpenDiscrepancy
 
 Connection = psycopg.AsyncConnection[Any]
-RECHECK_KINDS = [k for k in CHECK_KINDS if k != "missing_webhook"] + ["conflicting_events"]
+# open findings whose subject is asked about again; a malformed delivery's payment is asked
+# about too, so the provider's record stands in for the webhook that could not be read
+RECHECK_KINDS = [k for k in CHECK_KINDS if k != "missing_webhook"] + [
+    "conflicting_events", "malformed_delivery"]
 
 DUE_SQL = """
 WITH candidates AS (

@@ -137,3 +137,23 @@ def test_two_reconcilers_on_one_database_never_ask_about_a_subject_twice(db_url:
     assert len(state.asked) == 60
     assert set(state.asked.values()) == {1}
     assert rows(db_url, "SELECT count(*) FROM hookledger.discrepancies") == [(60,)]
+
+
+def test_a_payment_whose_webhook_could_not_be_read_is_recovered_from_the_provider(
+        db_url: str) -> None:
+    """The only webhook of C-M1 carried its amount as text: kept as general.malformed, in
+    no view. Reconciliation asks the provider, and the payment appears, recovered."""
+    state = CountingState()
+    state.record_general(body("payment.confirmed", 91000, reference="C-M1", amount=2500))
+    deliver(db_url, "payment.confirmed", 91000, reference="C-M1", amount="2500")
+    assert rows(db_url, "SELECT event_type FROM hookledger.ledger ORDER BY position") == [
+        ("general.malformed",), ("discrepancy.detected",)]
+    assert discrepancies(db_url) == [("malformed_delivery", "collection", "C-M1", None)]
+    with running_sandbox(state=state) as api:
+        result = reconcile(db_url, api.url)
+    assert result.recovered == ["C-M1"]
+    assert rows(db_url, "SELECT outcome, amount, recovered FROM hookledger.payments") == [
+        ("success", Decimal(2500), True)]
+    assert discrepancies(db_url) == [
+        ("malformed_delivery", "collection", "C-M1", None),
+        ("missing_webhook", "collection", "C-M1", Decimal(2500))]
