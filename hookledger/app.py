@@ -192,9 +192,13 @@ def create_app(settings: Settings, database_url: str, *,
         spooled = runtime.spool.depth()
         try:
             async with runtime.pool.connection(timeout=2) as conn:
-                await conn.execute("SELECT 1")
+                cur = await conn.execute("SHOW transaction_read_only")
+                read_only = (await cur.fetchone() or ("off",))[0] == "on"
         except Exception as exc:  # noqa: BLE001 - any failure means "not ready"
             return JSONResponse({"status": "unready", "database": type(exc).__name__,
+                                 "spool_bytes": spooled}, status_code=503)
+        if read_only:  # a standby: deliveries go to the spool until a primary answers
+            return JSONResponse({"status": "unready", "database": "read_only",
                                  "spool_bytes": spooled}, status_code=503)
         return JSONResponse({"status": "ready", "database": "ok", "spool_bytes": spooled})
 

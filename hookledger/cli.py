@@ -276,6 +276,7 @@ from hookledger.reconcile_commands import (  # noqa: E402
     expect_command,
     reconcile_command,
     report_command,
+    resolve_command,
 )
 from sandbox.cli import sandbox  # noqa: E402
 
@@ -284,6 +285,7 @@ main.add_command(demo)
 main.add_command(reconcile_command)
 main.add_command(report_command)
 main.add_command(expect_command)
+main.add_command(resolve_command)
 main.add_command(chat)
 
 

@@ -1,4 +1,4 @@
-"""``hookledger reconcile``, ``hookledger report`` and ``hookledger expect``.
+"""``hookledger reconcile``, ``report``, ``expect`` and ``resolve``.
 
 Part of the composition root (mounted by hookledger/cli.py): settings and the database
 come from there, so these commands behave like the others (embedded PostgreSQL when no
@@ -118,3 +118,49 @@ def expect_command(reference: str, kind: str, amount: str | None,
             sys.exit(1)
     click.echo(f"{'registered' if created else 'already registered'}: {kind} {reference} "
                f"{expectation.amount} TZS")
+
+
+@click.command(name="resolve")
+@click.argument("discrepancy_id")
+@click.option("--reason", required=True,
+              help="What was checked and found; kept with the resolution in the ledger.")
+def resolve_command(discrepancy_id: str, reason: str) -> None:
+    """Resolve an open discrepancy after checking it by hand (a malformed delivery, an
+    event no fold could apply): appended to the ledger, shown resolved in the view."""
+    from ledger.store import append_in
+    from projections.projector import connect, project_batch
+    from reconcile.findings import manual_resolution
+
+    settings = _root()
+    if not reason.strip():
+        raise click.BadParameter("say what was checked", param_hint="--reason")
+    with database(settings) as url:
+        migrate.upgrade(url)
+
+        async def go() -> str:
+            conn = await connect(url)
+            try:
+                while await project_batch(conn, batch_size=5000):  # the view is current
+                    pass
+                cur = await conn.execute(
+                    "SELECT subject, reference, status FROM hookledger.discrepancies "
+                    "WHERE id = %s", (discrepancy_id,))
+                row = await cur.fetchone()
+                if row is None:
+                    return "unknown"
+                if row[2] == "resolved":
+                    return "already resolved"
+                async with conn.transaction():
+                    await append_in(conn, [manual_resolution(
+                        discrepancy_id, row[0], row[1], reason.strip(), datetime.now(UTC))])
+                while await project_batch(conn, batch_size=5000):
+                    pass
+                return "resolved"
+            finally:
+                await conn.close()
+
+        outcome = asyncio.run(go())
+    if outcome == "unknown":
+        click.echo(f"hookledger: no discrepancy {discrepancy_id}", err=True)
+        sys.exit(2)
+    click.echo(f"{outcome}: {discrepancy_id}")

@@ -255,10 +255,14 @@ def failure_code(error_code: str | None, causes: Mapping[str, int]) -> int:
 # -- reading --------------------------------------------------------------------------------
 
 def _check_phone_number(body: Mapping[str, Any], meta: DeliveryMeta) -> None:
-    claimed = _text(body, "phoneNumberId", "")
-    if claimed is not None and claimed != meta.phone_number_id:
+    claimed = body.get("phoneNumberId")
+    # a number sent as a JSON number is still compared: another number is refused, the
+    # same one only has the wrong type (and is kept, malformed)
+    if isinstance(claimed, str | int) and not isinstance(claimed, bool) \
+            and str(claimed) != meta.phone_number_id:
         raise BodyError("phone_number_mismatch",
                         "body phoneNumberId is not the number of the URL")
+    _text(body, "phoneNumberId", "")
 
 
 def _common(body: Mapping[str, Any], meta: DeliveryMeta, digest: str, *,

@@ -1,7 +1,9 @@
 """Errors of ingest. Each refusal carries a stable ``reason`` recorded with the delivery.
 
     IngestError
-    ├── BodyError           a verified body that cannot be taken (HTTP 400)
+    ├── BodyError           a verified body that cannot be read: HTTP 400 when it is not a
+    │                       JSON object (or a chat body for another number); a readable
+    │                       object with unreadable fields is kept as ``*.malformed`` instead
     ├── BodyTooLarge        a body over the size limit (HTTP 413)
     └── BodyTooSlow         a body not received in time (HTTP 408)
 """
@@ -19,7 +21,7 @@ class IngestError(Exception):
 
 
 class BodyError(IngestError):
-    """The body is not a delivery hookledger can keep."""
+    """The body, or one of its fields, cannot be read; the ``reason`` says which."""
 
 
 class BodyTooLarge(IngestError):

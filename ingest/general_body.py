@@ -16,7 +16,8 @@ What a careless reading gets wrong, and what this module does instead:
   no projection applies it blindly;
 * a listed event whose fields cannot be read (no ``timestamp``, an ``amount`` sent as text)
   is still a signed JSON object the provider will never send again: it is kept too, as
-  ``general.malformed`` with the reason, never projected, and reported as a discrepancy;
+  ``general.malformed`` with the reason, under a key of its own (:func:`malformed_key`),
+  never projected, and reported as a discrepancy;
 * ``payloadSignature`` is deprecated and never trusted.
 
 The dedupe key
@@ -263,8 +264,17 @@ def _usable_reference(body: dict[str, Any]) -> str | None:
     return reference if usable else None
 
 
+def malformed_key(body: dict[str, Any]) -> str:
+    """A malformed copy's own key: everything but ``payloadSignature`` counts, so the same
+    copy through all three URLs is one event, while a later readable copy of that event
+    (whose timestamp or message may differ) is never taken for a duplicate of it."""
+    significant = {k: v for k, v in body.items() if k != "payloadSignature"}
+    digest = hashlib.sha256(canonical_text(_canonical(significant))).hexdigest()
+    return "general:malformed:" + digest
+
+
 def _malformed(body: dict[str, Any], error: BodyError) -> GeneralDelivery:
-    key = dedupe_key(body)  # the same event through all three URLs is still one event
+    key = malformed_key(body)
     event = body.get("event")
     reference = _usable_reference(body)
     facts = {
@@ -277,7 +287,10 @@ def _malformed(body: dict[str, Any], error: BodyError) -> GeneralDelivery:
         GENERAL_EVENTS else None,
         "reference": reference,
     }
-    stream = f"malformed:{reference}" if reference else f"malformed:{key[8:24]}"
+    subject = facts["subject"]
+    # filed with the payment (or invoice...) it is about, so its story stays in one stream
+    stream = (f"{subject}:{reference}" if subject and reference
+              else f"malformed:{reference or key[18:34]}")
     return GeneralDelivery(MALFORMED_EVENT_TYPE, stream, key, None, facts)
 
 

@@ -82,10 +82,16 @@ class LedgerStore:
             return []
         async with translated_errors(), \
                 self._pool.connection(timeout=self._acquire_timeout_s) as conn:
-            if not conn.autocommit:
-                async with conn.transaction():
-                    return await append_in(conn, events)
-            return await append_in(conn, events)
+            try:
+                if not conn.autocommit:
+                    async with conn.transaction():
+                        return await append_in(conn, events)
+                return await append_in(conn, events)
+            except psycopg.errors.ReadOnlySqlTransaction:
+                # connected to a server that is (now) a standby: closed, the connection
+                # leaves the pool, and the next one is made afresh (to the new primary)
+                await conn.close()
+                raise
 
     async def read(self, after: int = 0, limit: int = 1000) -> list[StoredEvent]:
         """Events with position greater than ``after``, in order, at most ``limit``."""

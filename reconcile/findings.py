@@ -92,6 +92,17 @@ def detected_event(subject: str, reference: str, found: Detection, pass_id: str,
                   payload, now)
 
 
+def manual_resolution(discrepancy_id: str, subject: str, reference: str, reason: str,
+                      now: datetime) -> NewEvent:
+    """A person's resolution (``hookledger resolve``): the same event a check appends, from
+    source ``admin``, under the same key, so a discrepancy is resolved once whoever does it."""
+    payload = {"id": discrepancy_id, "subject": subject, "reference": reference,
+               "reason": reason, "resolved_by": "admin"}
+    return NewEvent(stream=f"discrepancy:{subject}:{reference}", event_type=RESOLVED,
+                    source="admin", dedupe_key=f"discrepancy:resolved:{discrepancy_id}",
+                    payload_json=dumps(payload), received_at=now, facts=payload)
+
+
 def resolved_event(discrepancy_id: str, subject: str, reference: str, reason: str,
                    pass_id: str, now: datetime) -> NewEvent:
     payload = {"id": discrepancy_id, "subject": subject, "reference": reference,

@@ -22,12 +22,12 @@ from reconcile.checks import CHECK_KINDS, Local, OpenDiscrepancy
 Connection = psycopg.AsyncConnection[Any]
 # open findings whose subject is asked about again; a malformed delivery's payment is asked
 # about too, so the provider's record stands in for the webhook that could not be read
-RECHECK_KINDS = [k for k in CHECK_KINDS if k != "missing_webhook"] + [
-    "conflicting_events", "malformed_delivery"]
+FOUND_ELSEWHERE = ["conflicting_events", "malformed_delivery"]  # by the projector
+RECHECK_KINDS = [k for k in CHECK_KINDS if k != "missing_webhook"] + FOUND_ELSEWHERE
 
 DUE_SQL = """
 WITH candidates AS (
-    SELECT e.kind AS subject, e.reference, 1 AS priority
+    SELECT e.kind AS subject, e.reference, 1 AS priority, NULL::timestamptz AS detected_at
     FROM hookledger_private.expectations e
     LEFT JOIN hookledger_private.payments p
            ON e.kind = 'collection' AND p.reference = e.reference
@@ -36,15 +36,20 @@ WITH candidates AS (
       AND e.initiated_at <= %(overdue)s
       AND coalesce(p.outcome, o.outcome, 'none') NOT IN ('success', 'failure', 'refunded')
     UNION ALL
-    SELECT 'payout', reference, 2 FROM hookledger_private.payouts
+    SELECT 'payout', reference, 2, NULL FROM hookledger_private.payouts
     WHERE outcome NOT IN ('success', 'failure', 'refunded') AND updated_at <= %(overdue)s
     UNION ALL
-    SELECT 'collection', reference, 2 FROM hookledger_private.payments
+    SELECT 'collection', reference, 2, NULL FROM hookledger_private.payments
     WHERE outcome NOT IN ('success', 'failure', 'refunded') AND updated_at <= %(overdue)s
     UNION ALL
-    SELECT subject, reference, 3 FROM hookledger_private.discrepancies
+    -- an open finding is asked about again; one found since the subject's last check (a
+    -- malformed refund after a checked confirmation) is asked about at once
+    SELECT subject, reference, 3,
+           -- (findings of a check itself are dated by it, so they never count here)
+           CASE WHEN kind = ANY(%(found_elsewhere)s) THEN detected_at END
+    FROM hookledger_private.discrepancies
     WHERE status = 'open' AND kind = ANY(%(recheck_kinds)s)
-      AND subject IN ('collection', 'payout')
+      AND subject IN ('collection', 'payout') AND reference <> ''
 ), due AS (
     SELECT DISTINCT ON (c.subject, c.reference) c.subject, c.reference, c.priority
     FROM candidates c
@@ -55,6 +60,7 @@ WITH candidates AS (
     LEFT JOIN hookledger_private.payouts o ON c.subject = 'payout' AND o.reference = c.reference
     WHERE s.subject IS NULL OR s.next_check_at <= %(now)s
        OR coalesce(p.last_position, o.last_position, 0) > s.checked_position
+       OR c.detected_at > s.last_checked_at
     ORDER BY c.subject, c.reference, c.priority
 ), recent AS (
     SELECT x.subject, x.reference, 4 AS priority FROM (
@@ -93,7 +99,8 @@ async def due_subjects(conn: Connection, *, now: datetime, window: timedelta,
                        recheck_age: timedelta, recheck_limit: int, limit: int) -> list[Due]:
     cur = await conn.execute(DUE_SQL, {
         "now": now, "overdue": now - window, "recent_since": now - recheck_age,
-        "recheck_limit": recheck_limit, "limit": limit, "recheck_kinds": RECHECK_KINDS})
+        "recheck_limit": recheck_limit, "limit": limit, "recheck_kinds": RECHECK_KINDS,
+        "found_elsewhere": FOUND_ELSEWHERE})
     return [Due(str(s), str(r), int(p)) for s, r, p in await cur.fetchall()]
 
 

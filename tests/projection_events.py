@@ -9,7 +9,7 @@ from typing import Any
 from uuid import uuid4
 from zoneinfo import ZoneInfo
 
-from ingest.general_body import read_general_or_malformed
+from ingest.general_body import GeneralDelivery, read_general, read_general_or_malformed
 from ingest.json_body import parse_object
 from ledger import NewEvent, StoredEvent
 from tests.general_events import general_body
@@ -19,10 +19,20 @@ _positions = count(1)
 
 
 def new_event(event: str, code: int, **kwargs: Any) -> NewEvent:
-    """A general delivery read by the real ingest code, ready to append."""
+    """A general delivery read by the real ingest code, ready to append; a body that cannot
+    be read raises (a mistake in a test shows, rather than becoming a malformed event)."""
     raw = json.dumps(general_body(event, code, **kwargs)).encode()
-    parsed, text = parse_object(raw)
-    read = read_general_or_malformed(parsed, EAT)
+    return _appendable(raw, read_general(parse_object(raw)[0], EAT))
+
+
+def kept_event(event: str, code: int, **kwargs: Any) -> NewEvent:
+    """As ingest keeps it: read, or ``general.malformed`` when its fields cannot be read."""
+    raw = json.dumps(general_body(event, code, **kwargs)).encode()
+    return _appendable(raw, read_general_or_malformed(parse_object(raw)[0], EAT))
+
+
+def _appendable(raw: bytes, read: GeneralDelivery) -> NewEvent:
+    text = raw.decode()
     return NewEvent(stream=read.stream, event_type=read.event_type, source="general",
                     dedupe_key=read.dedupe_key, payload_json=text,
                     received_at=datetime.now(UTC), facts=read.facts,

@@ -17,7 +17,7 @@ from reconcile.client import ReferenceClient
 from reconcile.runner import PassConfig, PassResult, Reconciler
 from sandbox.state import SandboxState
 from tests.general_events import general_body
-from tests.projection_events import new_event
+from tests.projection_events import kept_event
 
 API_KEY = "sandbox-api-key"
 
@@ -54,7 +54,7 @@ async def project(url: str) -> None:
 
 def deliver(url: str, event: str, code: int, **kwargs: Any) -> None:
     """A webhook as ingest would append it, then projected."""
-    asyncio.run(_deliver(url, new_event(event, code, **kwargs)))
+    asyncio.run(_deliver(url, kept_event(event, code, **kwargs)))
 
 
 async def _deliver(url: str, new: NewEvent) -> None:

@@ -172,7 +172,8 @@ def test_a_known_type_with_wrong_field_types_is_kept_as_malformed(
 
 
 @pytest.mark.parametrize("body", [inbound(phone="555"), status(phone="555"),
-                                  {"type": "other", "phoneNumberId": "555"}])
+                                  {"type": "other", "phoneNumberId": "555"},
+                                  {**inbound(), "phoneNumberId": 555}])
 def test_a_body_for_another_number_than_the_url_is_a_mismatch(body: dict[str, Any]) -> None:
     assert refused(body) == "phone_number_mismatch"
     with pytest.raises(BodyError):  # meant for another number: refused, never kept
@@ -217,3 +218,9 @@ def test_an_unusable_delivery_id_is_a_400(raw: str) -> None:
 def test_attempt_header_values_are_numbers_or_unknown(raw: str | None,
                                                       expected: int | None) -> None:
     assert attempt_of(raw) == expected
+
+
+def test_the_urls_number_sent_as_a_json_number_is_kept_malformed_not_refused() -> None:
+    body = {**inbound(), "phoneNumberId": int(PHONE)}
+    assert refused(body) == "invalid_field"
+    assert read_chat_or_malformed(body, META).event_type == "chat.malformed"

@@ -16,6 +16,7 @@ from ingest.general_body import (
     MALFORMED_EVENT_TYPE,
     UNRECOGNISED_EVENT_TYPE,
     dedupe_key,
+    malformed_key,
     read_general,
     read_general_or_malformed,
 )
@@ -133,7 +134,10 @@ def test_a_known_event_with_wrong_fields_is_kept_as_malformed(overrides: dict[st
     assert err.value.reason == reason
     kept = read_general_or_malformed(payload, EAT)
     assert kept.event_type == MALFORMED_EVENT_TYPE and kept.occurred_at is None
-    assert kept.dedupe_key == dedupe_key(payload)  # one event through all three URLs
+    # one event through all three URLs (only payloadSignature differs), never the key a
+    # readable copy of the same event would have
+    assert kept.dedupe_key == malformed_key({**payload, "payloadSignature": "other"})
+    assert kept.dedupe_key != dedupe_key(payload)
     assert kept.facts["reason"] == reason and kept.facts["detail"] == err.value.detail
     assert kept.facts["recognised"] is False and kept.facts["malformed"] is True
     assert kept.facts["event"] == payload["event"]
@@ -141,7 +145,8 @@ def test_a_known_event_with_wrong_fields_is_kept_as_malformed(overrides: dict[st
     reference = payload.get("reference")
     assert kept.facts["reference"] == (reference if isinstance(reference, str)
                                        and reference.strip() else None)
-    assert kept.stream.startswith("malformed:")
+    assert kept.stream == ("collection:REF-1" if kept.facts["reference"] == "REF-1"
+                           else f"malformed:{kept.dedupe_key[18:34]}")
 
 
 def test_a_well_formed_event_is_read_the_same_either_way() -> None:

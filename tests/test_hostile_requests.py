@@ -64,6 +64,7 @@ UNREADABLE_FIELDS = [
     ("timestamp not a date", replace("timestamp", '"20261399256199"'), "invalid_field"),
     ("no timestamp", json.dumps({k: v for k, v in GOOD.items() if k != "timestamp"}).encode(),
      "missing_field"),
+    ("reference of the wrong type", replace("reference", "[1, 2]"), "invalid_field"),
 ]
 
 
@@ -87,22 +88,41 @@ def test_a_signed_event_with_unreadable_fields_is_kept_flagged_and_never_project
     answer = post(service, "primary", raw, secret=SECRETS["primary"])
     assert answer.status_code == 200, answer.text
     assert answer.json()["duplicate"] is False
-    [(event_type, stored, facts, stream)] = rows(
-        db_url, "SELECT event_type, raw_body, facts, stream FROM hookledger.ledger")
+    [(event_type, stored, facts, stream, key)] = rows(
+        db_url, "SELECT event_type, raw_body, facts, stream, dedupe_key FROM hookledger.ledger")
     assert (event_type, bytes(stored)) == ("general.malformed", raw)
     assert facts["reason"] == reason and facts["malformed"] is True
     assert facts["event"] == "payment.confirmed" and facts["subject"] == "collection"
-    assert stream == "malformed:HOSTILE"
+    reference = facts["reference"]  # None when the reference itself is unreadable
+    assert reference in ("HOSTILE", None)
+    assert stream == ("collection:HOSTILE" if reference else f"malformed:{key[18:34]}")
     # the same delivery through another registered URL is the same event
     again = post(service, "backup", raw, secret=SECRETS["backup"])
     assert again.status_code == 200 and again.json()["duplicate"] is True
     assert rows(db_url, "SELECT count(*) FROM hookledger.rejected_deliveries") == [(0,)]
     found = wait_for(lambda: rows(
         db_url, "SELECT kind, subject, reference, detail FROM hookledger.discrepancies"))
-    [(kind, subject, reference, detail)] = found
-    assert (kind, subject, reference) == ("malformed_delivery", "collection", "HOSTILE")
+    [(kind, subject, found_reference, detail)] = found
+    assert (kind, subject, found_reference) == ("malformed_delivery", "collection",
+                                                reference or "")
     assert reason in detail and "payment.confirmed" in detail
     assert rows(db_url, "SELECT count(*) FROM hookledger.payments") == [(0,)]
+
+
+def test_a_readable_copy_after_a_malformed_one_is_its_own_event_and_projected(
+        service: str, db_url: str) -> None:
+    """A repeated callback may be stamped anew: the readable copy must not be taken for a
+    duplicate of the unreadable one that came first."""
+    first = post(service, "primary", replace("timestamp", '"yesterday"'),
+                 secret=SECRETS["primary"])
+    second = post(service, "primary", encode(GOOD), secret=SECRETS["primary"])
+    assert first.status_code == second.status_code == 200
+    assert second.json()["duplicate"] is False
+    assert rows(db_url, "SELECT event_type, stream FROM hookledger.ledger WHERE source = "
+                        "'general' ORDER BY position") == [
+        ("general.malformed", "collection:HOSTILE"), ("payment.confirmed", "collection:HOSTILE")]
+    assert wait_for(lambda: rows(db_url, "SELECT outcome FROM hookledger.payments")) == [
+        ("success",)]
 
 
 def test_a_gzip_body_is_415_even_when_signed(service: str, db_url: str) -> None:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from projections.malformed import malformed_discrepancy
-from tests.projection_events import new_event, stored
+from tests.projection_events import kept_event, stored
 
 
 def test_a_malformed_delivery_becomes_one_named_discrepancy() -> None:
-    event = stored(new_event("payout.confirmed", 93000, reference="PO-7", amount="12.50"))
+    event = stored(kept_event("payout.confirmed", 93000, reference="PO-7", amount="12.50"))
     assert event.event_type == "general.malformed"
     found = malformed_discrepancy(event)
     assert found is not None
@@ -22,6 +22,6 @@ def test_a_malformed_delivery_becomes_one_named_discrepancy() -> None:
 
 def test_well_formed_and_unrecognised_deliveries_are_no_finding() -> None:
     for name in ("payment.confirmed", "something.new"):
-        event = stored(new_event(name, 91000, reference="P-1"))
+        event = stored(kept_event(name, 91000, reference="P-1"))
         assert event.event_type != "general.malformed"
         assert malformed_discrepancy(event) is None

@@ -57,3 +57,27 @@ def test_db_url_prints_what_psql_takes_even_when_configured_for_sqlalchemy(
         printed = CliRunner().invoke(main, ["db", "url"])
         assert printed.exit_code == 0, printed.output
         assert printed.output.strip() == "postgresql://u@db.example:5432/ledger"
+
+
+def test_a_person_resolves_a_malformed_delivery_once(
+        db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.reconcile_helpers import deliver, rows
+
+    deliver(db_url, "invoice.updated", 91000, reference="INV-M", amount="3000")
+    [(found, status)] = rows(db_url, "SELECT id, status FROM hookledger.discrepancies "
+                                     "WHERE kind = 'malformed_delivery'")
+    assert status == "open"
+    monkeypatch.setenv("HOOKLEDGER_DATABASE_URL", db_url)
+    monkeypatch.setenv("HOOKLEDGER_HOME", str(tmp_path))
+    runner = CliRunner()
+    unknown = runner.invoke(main, ["resolve", "no-such-id", "--reason", "x"])
+    assert unknown.exit_code == 2
+    done = runner.invoke(main, ["resolve", found, "--reason", "checked INV-M by hand"])
+    assert done.exit_code == 0, done.output
+    assert done.output.strip() == f"resolved: {found}"
+    again = runner.invoke(main, ["resolve", found, "--reason", "twice"])
+    assert again.output.strip() == f"already resolved: {found}"
+    assert rows(db_url, "SELECT status, resolution FROM hookledger.discrepancies") == [
+        ("resolved", "checked INV-M by hand")]
+    assert rows(db_url, "SELECT source FROM hookledger.ledger "
+                        "WHERE event_type = 'discrepancy.resolved'") == [("admin",)]

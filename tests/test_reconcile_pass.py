@@ -157,3 +157,30 @@ def test_a_payment_whose_webhook_could_not_be_read_is_recovered_from_the_provide
     assert discrepancies(db_url) == [
         ("malformed_delivery", "collection", "C-M1", None),
         ("missing_webhook", "collection", "C-M1", Decimal(2500))]
+
+
+def test_a_malformed_delivery_after_the_payment_was_checked_is_asked_about_at_once(
+        db_url: str) -> None:
+    """C-M2 was confirmed, checked and agreed; its refund's webhook cannot be read. The
+    refund is learned from the provider on the next pass, not when a backoff expires."""
+    state = CountingState()
+    state.record_general(body("payment.confirmed", 91000, reference="C-M2", amount=900))
+    deliver(db_url, "payment.confirmed", 91000, reference="C-M2", amount=900)
+    with running_sandbox(state=state) as api:
+        reconcile(db_url, api.url)
+        assert discrepancies(db_url) == []
+        state.record_general(body("payment.refunded", 91000, reference="C-M2", amount=900))
+        deliver(db_url, "payment.refunded", 91000, reference="C-M2", amount="900")
+        assert discrepancies(db_url) == [("malformed_delivery", "collection", "C-M2", None)]
+        result = reconcile(db_url, api.url)
+    assert result.recovered == ["C-M2"]
+    assert rows(db_url, "SELECT outcome FROM hookledger.payments") == [("refunded",)]
+
+
+def test_a_malformed_delivery_without_a_readable_reference_is_never_looked_up(
+        db_url: str) -> None:
+    deliver(db_url, "payment.confirmed", 91000, reference=["not", "text"])  # type: ignore[arg-type]
+    assert discrepancies(db_url) == [("malformed_delivery", "collection", "", None)]
+    with running_sandbox(state=CountingState()) as api:
+        result = reconcile(db_url, api.url)
+    assert result.checked == 0

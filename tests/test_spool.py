@@ -198,6 +198,8 @@ async def test_a_read_only_database_spools_the_batch_instead_of_refusing_it(
         appender.start()
         results = await asyncio.gather(*(appender.append(event(i)) for i in range(3)))
         await appender.close()
+        # the read-only connection was closed, not handed out again
+        assert pool.get_stats().get("returns_bad", 0) >= 1
     assert [r.spooled for r in results] == [True, True, True]
     assert spool.backlog == 3
     async with AsyncConnectionPool(db_url, min_size=1, max_size=2, open=False,
@@ -209,3 +211,13 @@ async def test_a_read_only_database_spools_the_batch_instead_of_refusing_it(
             assert [k for (k,) in await cur.fetchall()] == [event(i).dedupe_key
                                                           for i in range(3)]
     assert drainer.quarantined == 0 and spool.backlog == 0
+
+
+def test_readyz_is_503_while_the_database_is_read_only(db_url: str) -> None:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        name = conn.info.dbname
+        conn.execute(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
+    with running_service(db_url, general_secrets="main=whsec-main") as base:
+        answer = httpx.get(f"{base}/readyz", timeout=10)
+    assert answer.status_code == 503
+    assert answer.json()["database"] == "read_only"
