@@ -30,28 +30,22 @@ def _set_compression(method: str) -> str:
     return f"ALTER TABLE hookledger_private.ledger_events {columns}"
 
 
-# Per-column compression exists from PostgreSQL 14; on 13 nothing changes.
-UPGRADE = f"""
+def _from_14(statement: str, handler: str = "") -> str:
+    """Per-column compression exists from PostgreSQL 14; on 13 nothing changes."""
+    return f"""
 DO $$
 BEGIN
     IF current_setting('server_version_num')::int >= 140000 THEN
-        EXECUTE '{_set_compression("lz4")}';
+        EXECUTE '{statement}';
     END IF;
-EXCEPTION WHEN feature_not_supported THEN
-    RAISE NOTICE 'this server has no lz4: the ledger keeps pglz';
-END
+{handler}END
 $$;
 """
 
-DOWNGRADE = f"""
-DO $$
-BEGIN
-    IF current_setting('server_version_num')::int >= 140000 THEN
-        EXECUTE '{_set_compression("default")}';
-    END IF;
-END
-$$;
-"""
+
+UPGRADE = _from_14(_set_compression("lz4"), "EXCEPTION WHEN feature_not_supported THEN\n"
+                   "    RAISE NOTICE 'this server has no lz4: the ledger keeps pglz';\n")
+DOWNGRADE = _from_14(_set_compression("default"))
 
 
 def upgrade() -> None:
