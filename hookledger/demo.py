@@ -29,7 +29,7 @@ from hookledger import logs, migrate
 from hookledger.app import create_app
 from hookledger.database import database
 from hookledger.settings import Settings
-from projections.projector import project_batch
+from projections.projector import catch_up
 from reconcile.client import ReferenceClient
 from reconcile.report import build_report, load_rows, render_html
 from reconcile.runner import PassConfig, PassResult, Reconciler
@@ -160,12 +160,11 @@ PROJECTION_COUNTS = [
 
 def _projections(ctx: DemoContext) -> list[str]:
     """What the views show once the projector has applied everything, recoveries included."""
-    async def catch_up() -> None:
+    async def project_everything() -> None:
         async with await psycopg.AsyncConnection.connect(ctx.database_url,
                                                          autocommit=True) as conn:
-            while await project_batch(conn):
-                pass
-    asyncio.run(catch_up())
+            await catch_up(conn, batch_size=1000)
+    asyncio.run(project_everything())
     lines = ["projections (SQL views in schema hookledger):"]
     with psycopg.connect(ctx.database_url) as conn:
         for view, label in PROJECTION_COUNTS:

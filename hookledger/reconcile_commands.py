@@ -128,7 +128,7 @@ def resolve_command(discrepancy_id: str, reason: str) -> None:
     """Resolve an open discrepancy after checking it by hand (a malformed delivery, an
     event no fold could apply): appended to the ledger, shown resolved in the view."""
     from ledger.store import append_in
-    from projections.projector import connect, project_batch
+    from projections.projector import catch_up, connect
     from reconcile.findings import manual_resolution
 
     settings = _root()
@@ -140,8 +140,7 @@ def resolve_command(discrepancy_id: str, reason: str) -> None:
         async def go() -> str:
             conn = await connect(url)
             try:
-                while await project_batch(conn, batch_size=5000):  # the view is current
-                    pass
+                await catch_up(conn)  # the view is current
                 cur = await conn.execute(
                     "SELECT subject, reference, status FROM hookledger.discrepancies "
                     "WHERE id = %s", (discrepancy_id,))
@@ -153,8 +152,7 @@ def resolve_command(discrepancy_id: str, reason: str) -> None:
                 async with conn.transaction():
                     await append_in(conn, [manual_resolution(
                         discrepancy_id, row[0], row[1], reason.strip(), datetime.now(UTC))])
-                while await project_batch(conn, batch_size=5000):
-                    pass
+                await catch_up(conn)
                 return "resolved"
             finally:
                 await conn.close()

@@ -87,9 +87,13 @@ def canonical_text(value: Any) -> bytes:
     return dump_bytes(value)
 
 
+def _digest(body: dict[str, Any], leave_out: frozenset[str]) -> str:
+    significant = {k: v for k, v in body.items() if k not in leave_out}
+    return hashlib.sha256(canonical_text(_canonical(significant))).hexdigest()
+
+
 def dedupe_key(body: dict[str, Any]) -> str:
-    significant = {k: v for k, v in body.items() if k not in VOLATILE_FIELDS}
-    return "general:" + hashlib.sha256(canonical_text(_canonical(significant))).hexdigest()
+    return "general:" + _digest(body, VOLATILE_FIELDS)
 
 
 # -- typed field readers: each raises BodyError naming the field ---------------------------
@@ -268,9 +272,7 @@ def malformed_key(body: dict[str, Any]) -> str:
     """A malformed copy's own key: everything but ``payloadSignature`` counts, so the same
     copy through all three URLs is one event, while a later readable copy of that event
     (whose timestamp or message may differ) is never taken for a duplicate of it."""
-    significant = {k: v for k, v in body.items() if k != "payloadSignature"}
-    digest = hashlib.sha256(canonical_text(_canonical(significant))).hexdigest()
-    return "general:malformed:" + digest
+    return "general:malformed:" + _digest(body, frozenset({"payloadSignature"}))
 
 
 def _malformed(body: dict[str, Any], error: BodyError) -> GeneralDelivery:

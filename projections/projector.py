@@ -265,6 +265,12 @@ async def project_batch(conn: Connection, *, batch_size: int = 1000, emit: bool 
     return len(events)
 
 
+async def catch_up(conn: Connection, *, batch_size: int = 5000) -> None:
+    """Project everything in the ledger now, so what is read next is current."""
+    while await project_batch(conn, batch_size=batch_size):
+        pass
+
+
 async def checkpoint(conn: Connection) -> int:
     cur = await conn.execute(
         "SELECT min(position) FROM hookledger_private.projection_checkpoints "

@@ -25,7 +25,7 @@ import structlog
 
 from ledger import NewEvent
 from ledger.store import append_in
-from projections.projector import project_batch
+from projections.projector import catch_up
 from reconcile import store
 from reconcile.checks import decide, settle
 from reconcile.client import Lookup
@@ -148,8 +148,7 @@ class Reconciler:
 
     async def _catch_up(self, conn: store.Connection) -> None:
         """Project what is in the ledger first, so decisions read current rows."""
-        while await project_batch(conn, batch_size=5000):
-            pass
+        await catch_up(conn)
 
     async def _pass(self, conn: store.Connection, result: PassResult,
                     now: datetime | None) -> None:
