@@ -106,6 +106,7 @@ class DeliveryMeta:
     delivery_id: str | None = None
     attempt: int | None = None
     user_agent: str | None = None
+    delivery_id_unusable: bool = False  # sent but unusable: keyed by the body instead
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,15 +123,24 @@ class ChatDelivery:
 # -- header values --------------------------------------------------------------------------
 
 def delivery_id_of(raw: str | None) -> str | None:
-    """The ``X-Service-Delivery-Id``; blank means absent, unprintable or huge is a 400."""
-    if raw is None or raw.strip() == "":
+    """The ``X-Service-Delivery-Id``, or None when blank, unprintable or over-long.
+
+    An unusable id is not refused: the platform would resend the same header five times and
+    then give up, losing a signed event. The key falls back to the body's digest instead
+    (copies still fold into one) and :func:`delivery_id_unusable` flags it in the facts.
+    """
+    if raw is None:
         return None
     value = raw.strip()
-    if len(value) > MAX_DELIVERY_ID or not value.isascii() or not value.isprintable():
-        raise BodyError("invalid_delivery_id",
-                        f"X-Service-Delivery-Id must be printable ASCII, at most "
-                        f"{MAX_DELIVERY_ID} characters")
+    if not value or len(value) > MAX_DELIVERY_ID or not value.isascii() \
+            or not value.isprintable():
+        return None
     return value
+
+
+def delivery_id_unusable(raw: str | None) -> bool:
+    """A header was sent, not blank, yet :func:`delivery_id_of` could not use it."""
+    return raw is not None and raw.strip() != "" and delivery_id_of(raw) is None
 
 
 def attempt_of(raw: str | None) -> int | None:
@@ -276,6 +286,7 @@ def _common(body: Mapping[str, Any], meta: DeliveryMeta, digest: str, *,
         "waba_id": waba_id,
         "phone_number_id": meta.phone_number_id,
         "delivery_id": meta.delivery_id,
+        "delivery_id_unusable": meta.delivery_id_unusable,
         "attempt": meta.attempt,
         "user_agent": meta.user_agent,
         "content_sha256": digest,

@@ -28,6 +28,7 @@ from ingest.chat_body import (
     DeliveryMeta,
     attempt_of,
     delivery_id_of,
+    delivery_id_unusable,
     read_chat_or_malformed,
     user_agent_of,
 )
@@ -107,13 +108,18 @@ class ChatEndpoint:
         except chat_signature.ChatSignatureError as exc:
             return await self._refuse(refusal(401, exc.reason, None, body, len(body), False))
 
+        raw_delivery_id = request.headers.get(DELIVERY_ID_HEADER)
+        meta = DeliveryMeta(
+            phone_number_id=phone_number_id,
+            delivery_id=delivery_id_of(raw_delivery_id),
+            attempt=attempt_of(request.headers.get(ATTEMPT_HEADER)),
+            user_agent=user_agent_of(request.headers.get("user-agent")),
+            delivery_id_unusable=delivery_id_unusable(raw_delivery_id),
+        )
+        if meta.delivery_id_unusable:
+            log.warning("delivery.unusable_delivery_id",
+                        detail="keyed by the body's digest instead")
         try:
-            meta = DeliveryMeta(
-                phone_number_id=phone_number_id,
-                delivery_id=delivery_id_of(request.headers.get(DELIVERY_ID_HEADER)),
-                attempt=attempt_of(request.headers.get(ATTEMPT_HEADER)),
-                user_agent=user_agent_of(request.headers.get("user-agent")),
-            )
             parsed, text = parse_object(body)
             delivery = read_chat_or_malformed(parsed, meta, error_causes=self._error_causes)
         except BodyError as exc:

@@ -12,6 +12,7 @@ from ingest.chat_body import (
     DeliveryMeta,
     attempt_of,
     delivery_id_of,
+    delivery_id_unusable,
     read_chat,
     read_chat_or_malformed,
 )
@@ -207,10 +208,17 @@ def test_delivery_id_header_values(raw: str | None, expected: str | None) -> Non
 
 
 @pytest.mark.parametrize("raw", ["a" * 257, "évt", "a\x01b"])
-def test_an_unusable_delivery_id_is_a_400(raw: str) -> None:
-    with pytest.raises(BodyError) as caught:
-        delivery_id_of(raw)
-    assert caught.value.reason == "invalid_delivery_id"
+def test_an_unusable_delivery_id_is_absent_and_flagged(raw: str) -> None:
+    assert delivery_id_of(raw) is None and delivery_id_unusable(raw)
+    kept = read(status("read"), DeliveryMeta(PHONE, delivery_id=delivery_id_of(raw),
+                                             delivery_id_unusable=delivery_id_unusable(raw)))
+    assert kept.dedupe_key == "chat:body:" + kept.facts["content_sha256"]
+    assert kept.facts["delivery_id_unusable"] is True
+
+
+@pytest.mark.parametrize("raw", [None, "", "  ", "evt_1"])
+def test_an_absent_or_usable_delivery_id_is_not_flagged(raw: str | None) -> None:
+    assert not delivery_id_unusable(raw)
 
 
 @pytest.mark.parametrize(("raw", "expected"), [
