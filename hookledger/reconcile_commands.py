@@ -21,6 +21,8 @@ from hookledger.settings import Settings
 from reconcile.errors import ReconcileError
 from reconcile.report import FORMATS, render, report_for
 
+SKIPPED_EXIT = 3  # `reconcile` found another pass running and checked nothing
+
 
 def _root() -> Settings:
     from hookledger.cli import configure_logging, load_settings
@@ -33,7 +35,7 @@ def _root() -> Settings:
 @click.command(name="reconcile")
 def reconcile_command() -> None:
     """Run one reconciliation pass now and print what it found."""
-    from reconcile.runner import Reconciler
+    from reconcile.runner import PassResult, Reconciler
     from reconcile.wiring import client_from, config_from
 
     settings = _root()
@@ -44,13 +46,15 @@ def reconcile_command() -> None:
     with database(settings) as url:
         migrate.upgrade(url)
 
-        async def once() -> list[str]:
+        async def once() -> PassResult:
             async with client_from(settings) as client:
-                result = await Reconciler(url, client, config_from(settings)).run_pass()
-            return result.summary()
+                return await Reconciler(url, client, config_from(settings)).run_pass()
 
-        for line in asyncio.run(once()):
-            click.echo(line)
+        result = asyncio.run(once())
+    for line in result.summary():
+        click.echo(line)
+    if result.skipped:  # nothing was checked: a script must not take it for "all clear"
+        sys.exit(SKIPPED_EXIT)
 
 
 def _since(value: str | None) -> datetime | None:
