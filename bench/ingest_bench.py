@@ -375,9 +375,12 @@ def measure(seconds: float, connections: int, scale_events: int, fixed_rate: int
         postgres_version = server_version(url)
 
         def load(label: str, port: int, tag: str, count: int) -> Load:
-            duration = seconds if count == per_run else max(1.0, seconds / 4)
-            if count == per_run:  # a measured run, not a warm-up
+            measured = count == per_run
+            duration = seconds if measured else max(1.0, seconds / 4)
+            if measured:
                 quiesce()
+            elif use_wrk:  # a warm-up: enough distinct deliveries for its whole duration
+                count = int(ceiling * duration)
             if use_wrk:
                 prefix = write_presigned(folder, tag, count, threads)
                 result = wrk_load(label, port, prefix, duration, connections, threads)
@@ -394,7 +397,7 @@ def measure(seconds: float, connections: int, scale_events: int, fixed_rate: int
 
         port = free_port()
         with bare_endpoint(url, port):
-            load("warm-up", port, "BW", per_run // 4 if use_wrk else 2000)
+            load("warm-up", port, "BW", 2000)
             before = bare_count(url)
             bare = load("bare endpoint (2 workers, INSERT per request)", port, "BB", per_run)
             checks["bare_rows_vs_2xx"] = [bare_count(url) - before, bare.ok]
@@ -405,7 +408,7 @@ def measure(seconds: float, connections: int, scale_events: int, fixed_rate: int
         with tempfile.TemporaryDirectory(prefix="hookledger-home-") as home, \
                 hookledger(url, port, Path(home), service) as proc, \
                 RssSampler(proc.pid) as rss:
-            load("warm-up", port, "HW", per_run // 4 if use_wrk else 2000)
+            load("warm-up", port, "HW", 2000)
             ours = load(f"hookledger ({workers} workers, empty ledger)", port, "HM", per_run)
             rows.append(ours)
             checks["ledger_vs_2xx"] = [ledger_count(url, "HM"), ours.ok]
@@ -440,7 +443,7 @@ def measure(seconds: float, connections: int, scale_events: int, fixed_rate: int
             port = free_port()
             with tempfile.TemporaryDirectory(prefix="hookledger-home-") as home, \
                     hookledger(url, port, Path(home), service):
-                load("warm-up", port, "SW", per_run // 4 if use_wrk else 2000)
+                load("warm-up", port, "SW", 2000)
                 scaled = load(f"hookledger ({workers} workers, {scale_events:,} events in "
                               "the ledger)", port,
                               "SM", per_run)
