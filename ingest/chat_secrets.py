@@ -36,6 +36,7 @@ import structlog
 from psycopg_pool import AsyncConnectionPool
 
 from ingest.errors import IngestError
+from ledger.errors import LedgerUnavailable
 from ledger.sqlfiles import load
 from ledger.store import translated_errors
 
@@ -119,12 +120,16 @@ async def install_in(conn: psycopg.AsyncConnection[Any], phone_number_id: str, s
 
 
 class ChatSecretStore:
-    """Chat secrets over the pool, with a short-lived per-number cache for the request path."""
+    """Chat secrets over the pool, with a short-lived per-number cache for the request path
+    (read past its time only while the database cannot be reached)."""
 
     def __init__(self, pool: AsyncConnectionPool, *, grace_s: float, ttl_s: float = 1.0,
-                 max_entries: int = 10_000,
+                 max_entries: int = 10_000, acquire_timeout_s: float = 5.0,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         self._pool = pool
+        # well inside the platform's wait for an answer: a lookup that cannot get a
+        # connection soon falls back to the secrets read last (below) or answers 503
+        self._acquire_timeout_s = acquire_timeout_s
         self._grace = timedelta(seconds=grace_s)
         self._ttl = ttl_s
         self._max_entries = max_entries
@@ -187,8 +192,16 @@ class ChatSecretStore:
             task = asyncio.create_task(self._fetch(phone_number_id, now))
             self._inflight[phone_number_id] = task
             task.add_done_callback(lambda done: self._settled(phone_number_id, done))
-        # shield: a request that goes away must not cancel the lookup others wait on
-        return await asyncio.shield(task)
+        try:
+            # shield: a request that goes away must not cancel the lookup others wait on
+            return await asyncio.shield(task)
+        except LedgerUnavailable:
+            if cached is None:
+                raise
+            # the database is down: the secrets read last still verify (retirement is
+            # still judged at ``now``), and the delivery goes to the spool, not a 503
+            log.warning("chat_secret.stale_while_unavailable", phone_number_id=phone_number_id)
+            return cached[1]
 
     def _settled(self, phone_number_id: str, task: asyncio.Task[tuple[_Row, ...]]) -> None:
         if self._inflight.get(phone_number_id) is task:
@@ -199,7 +212,8 @@ class ChatSecretStore:
 
     async def _fetch(self, phone_number_id: str, now: datetime) -> tuple[_Row, ...]:
         self.queries += 1
-        async with translated_errors(), self._pool.connection() as conn:
+        async with translated_errors(), \
+                self._pool.connection(timeout=self._acquire_timeout_s) as conn:
             cur = await conn.execute(_sql("chat_secrets_valid"), {
                 "phone_number_id": phone_number_id, "since": now - self._grace})
             fetched = await cur.fetchall()

@@ -115,18 +115,33 @@ def read_records(data: bytes, name: str = "") -> tuple[list[NewEvent], list[Dama
 class Spool:
     """This process's spool: append with fsync, and hand closed files to the drainer."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, *, owner: str | None = None) -> None:
         self.folder = folder
         self.folder.mkdir(parents=True, exist_ok=True)
+        self._owner = owner  # None: this process's id (tests give two spools two owners)
         self._generation = 0
         self._file: BinaryIO | None = None
         self._path: Path | None = None
         self._lock = threading.Lock()  # writes run in a worker thread, seals on the loop
-        self.backlog = 0  # records this process spooled and has not drained yet
+        self._written: dict[Path, int] = {}  # our files not yet drained -> their records
 
     @property
     def prefix(self) -> str:
-        return f"spool-{os.getpid()}-"
+        return f"spool-{self._owner or os.getpid()}-"
+
+    @property
+    def backlog(self) -> int:
+        """Records this process spooled that are not in the ledger yet.
+
+        Counted from the files themselves: any process's drainer may take a file of ours
+        (and deletes it once its events committed), so a file that is gone is drained,
+        whoever did it. A count kept by hand here missed those, and left this process
+        spooling every later delivery for good.
+        """
+        with self._lock:
+            for path in [p for p in self._written if p != self._path and not p.exists()]:
+                del self._written[path]
+            return sum(self._written.values())
 
     def write(self, events: Sequence[NewEvent]) -> None:
         """Append and fsync; return only when the records are on disk."""
@@ -138,15 +153,14 @@ class Spool:
             self._file.write(data)
             self._file.flush()
             os.fsync(self._file.fileno())
-            self.backlog += len(events)
+            assert self._path is not None
+            self._written[self._path] = self._written.get(self._path, 0) + len(events)
 
-    def drained(self, path: Path, records: int) -> None:
-        """``path`` is in the ledger and may go; count its records off this process's
-        backlog if it was one of ours."""
+    def drained(self, path: Path) -> None:
+        """``path`` is in the ledger and may go (its records leave whoever's backlog)."""
         path.unlink(missing_ok=True)
-        if path.name.startswith(self.prefix):
-            with self._lock:
-                self.backlog = max(0, self.backlog - records)
+        with self._lock:
+            self._written.pop(path, None)
 
     def _open(self) -> None:
         self._generation += 1

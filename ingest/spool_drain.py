@@ -59,7 +59,7 @@ class SpoolDrainer:
                           reason=d.reason)
             for start in range(0, len(events), self._batch_size):
                 await self._append_chunk(events[start:start + self._batch_size])
-            self._spool.drained(path, len(events) + len(damage))
+            self._spool.drained(path)
             appended += len(events)
             log.info("spool.drained", file=path.name, events=len(events))
         self.drained += appended

@@ -21,6 +21,8 @@ from ingest.appender import BatchingAppender
 from ingest.spool import QUARANTINE, Spool, encode_event, read_records
 from ingest.spool_drain import SpoolDrainer
 from ledger import LedgerStore, NewEvent
+from tests.chat_events import PHONE, chat_header, inbound
+from tests.chat_events import encode as chat_encode
 from tests.general_events import encode, general_body
 from tests.live import running_service
 from tests.signing import general_header
@@ -151,6 +153,25 @@ async def test_an_event_the_ledger_refuses_is_quarantined_and_the_rest_drained(
     assert drainer.quarantined == 1
 
 
+@pytest.mark.anyio
+async def test_a_file_drained_by_another_process_leaves_its_writers_backlog(
+        pool: AsyncConnectionPool, tmp_path: Path) -> None:
+    """With several workers any drainer takes any sealed file. The writer must see its
+    backlog gone, or it would send every later delivery through the spool for good."""
+    writer = Spool(tmp_path, owner="worker-b")
+    other = Spool(tmp_path, owner="worker-a")
+    writer.write([event(1), event(2)])
+    assert writer.backlog == 2 and other.backlog == 0
+    writer.seal()
+    assert await SpoolDrainer(other, LedgerStore(pool).append).drain_once() == 2
+    assert writer.backlog == 0 and list(tmp_path.glob("spool-*.hls")) == []
+    appender = BatchingAppender(LedgerStore(pool).append, spool=writer)
+    appender.start()
+    result = await appender.append(event(3))
+    await appender.close()
+    assert not result.spooled and not result.duplicate and result.position > 0
+
+
 def gauge(metrics: str, name: str) -> float:
     (line,) = [x for x in metrics.splitlines() if x.startswith(name + " ")]
     return float(line.split()[1])
@@ -221,3 +242,41 @@ def test_readyz_is_503_while_the_database_is_read_only(db_url: str) -> None:
         answer = httpx.get(f"{base}/readyz", timeout=10)
     assert answer.status_code == 503
     assert answer.json()["database"] == "read_only"
+
+
+def test_a_chat_delivery_during_an_outage_verifies_with_the_secrets_read_last_and_is_spooled(
+        db_url: str, pg_admin_url: str, tmp_path: Path) -> None:
+    """The secrets live in the database: without this a chat delivery in an outage was a
+    503 after a 30 s wait, past the platform's patience."""
+    name = str(conninfo_to_dict(db_url)["dbname"])
+
+    def send(client: httpx.Client, base: str, message_id: str) -> httpx.Response:
+        raw = chat_encode(inbound(message_id=message_id))
+        return client.post(f"{base}/webhooks/chat/{PHONE}", content=raw, headers={
+            "x-service-signature": chat_header("chat-s3cret", raw, int(time.time())),
+            "x-service-delivery-id": f"d-{message_id}"})
+
+    with running_service(db_url, chat_secrets={PHONE: "chat-s3cret"}, home=tmp_path,
+                         append_timeout_s=0.5) as base, httpx.Client(timeout=30) as client:
+        assert send(client, base, "wamid.BEFORE").json()["position"] == 1
+        time.sleep(1.2)  # past the secret cache's time to live
+        _connections(pg_admin_url, name, allow=False)
+        try:
+            started = time.monotonic()
+            during = send(client, base, "wamid.DURING")
+            assert during.status_code == 200 and during.json()["spooled"] is True, during.text
+            assert time.monotonic() - started < 10
+            unknown = client.post(f"{base}/webhooks/chat/2999999999", content=b"{}",
+                                  headers={"x-service-signature": "t=1,v1=" + "a" * 64})
+            assert unknown.status_code == 503  # never seen: nothing to verify it with
+        finally:
+            _connections(pg_admin_url, name, allow=True)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with psycopg.connect(db_url) as conn:
+                ids = [r for (r,) in conn.execute(
+                    "SELECT facts->>'message_id' FROM hookledger.ledger ORDER BY position")]
+            if len(ids) == 2:
+                break
+            time.sleep(0.1)
+        assert ids == ["wamid.BEFORE", "wamid.DURING"]
