@@ -30,7 +30,7 @@ from decimal import Decimal
 from typing import Any
 
 from reconcile.client import Lookup
-from reconcile.records import TERMINAL, ProviderRecord
+from reconcile.records import RECOVERY_EVENT, TERMINAL, ProviderRecord
 
 CHECK_KINDS = ("missing_webhook", "status_mismatch", "amount_mismatch", "unresolved",
                "unknown_at_provider")
@@ -125,7 +125,14 @@ def decide(local: Local, lookup: Lookup, *, now: datetime, window: timedelta) ->
     recover: ProviderRecord | None = None
     ours = local.outcome
     later = SUCCESSORS.get(local.subject, {}).get(ours or "", frozenset())
-    if ours is None or ours not in TERMINAL or record.outcome in later:
+    if (ours is None or ours not in TERMINAL or record.outcome in later) \
+            and (local.subject, record.outcome) not in RECOVERY_EVENT:
+        found.append(Detection(  # no webhook carries this state: nothing to fold it as
+            "status_mismatch",
+            f"the provider reports {record.status} ({record.outcome}) for {local.subject} "
+            f"{local.reference}, a state no {local.subject} webhook carries; not recovered, "
+            f"to be checked by a person", _risk(local.amount, record.amount), facts))
+    elif ours is None or ours not in TERMINAL or record.outcome in later:
         recover = record
         known = "no webhook" if ours is None else f"only {ours} by webhook"
         found.append(Detection(

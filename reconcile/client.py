@@ -184,10 +184,12 @@ class ReferenceClient:
         try:
             envelope = parse_envelope(answer.content)
         except MalformedEnvelope as exc:
-            if status == 404:
-                return Lookup(reference, "not_found", detail="HTTP 404 without an envelope")
-            raise _Retryable("malformed_envelope", str(exc)) from exc
-        if status == 404 or (not envelope.success and envelope.code == 1404):
+            # a 404 without the API's envelope is a wrong base URL or a proxy, not the
+            # provider saying it has no such payment: "unknown at the provider" would tell
+            # someone to charge a customer again
+            raise _Retryable("malformed_envelope", f"HTTP {status}: {exc}") from exc
+        if not envelope.success and (envelope.code == 1404 or (
+                status == 404 and 1000 <= envelope.code <= 1999)):
             return Lookup(reference, "not_found", detail=envelope.message,
                           api_code=envelope.code)
         if status >= 400 or not envelope.success:

@@ -19,15 +19,10 @@ from projections.discrepancy_folds import DETECTED, RESOLVED
 from projections.general_folds import RECOVERED_EVENT
 from reconcile.checks import Detection
 from reconcile.client import Lookup
-from reconcile.records import ProviderRecord
+from reconcile.records import RECOVERY_EVENT, ProviderRecord
 
 SOURCE = "reconciler"
 CHECKED = "reconcile.checked"
-EVENT_FOR = {
-    ("collection", "success"): "payment.confirmed", ("collection", "failure"): "payment.failed",
-    ("collection", "refunded"): "payment.refunded", ("payout", "success"): "payout.confirmed",
-    ("payout", "failure"): "payout.failed",
-}
 
 
 def _event(stream: str, event_type: str, key: str, payload: dict[str, Any], now: datetime,
@@ -64,7 +59,7 @@ def recovered_event(subject: str, record: ProviderRecord, pass_id: str, now: dat
                     zone: ZoneInfo) -> NewEvent:
     event = record.event if (record.event or "").split(".")[0] == (
         "payment" if subject == "collection" else "payout") else None
-    event = event or EVENT_FOR[(subject, record.outcome)]
+    event = event or RECOVERY_EVENT[(subject, record.outcome)]
     occurred = provider_time(record.timestamp, zone)
     payload = {
         "subject": subject, "reference": record.reference, "event": event,

@@ -16,6 +16,14 @@ from reconcile.errors import MappingError
 
 Outcome = Literal["success", "failure", "refunded", "pending"]
 TERMINAL: frozenset[str] = frozenset({"success", "failure", "refunded"})
+# the webhook event a recovered terminal state is folded as; a pair without one (a payout
+# the provider calls REVERSED: no payout webhook carries that) is never recovered, only
+# reported for a person to look at
+RECOVERY_EVENT: dict[tuple[str, str], str] = {
+    ("collection", "success"): "payment.confirmed", ("collection", "failure"): "payment.failed",
+    ("collection", "refunded"): "payment.refunded", ("payout", "success"): "payout.confirmed",
+    ("payout", "failure"): "payout.failed",
+}
 
 DEFAULT_PATHS: dict[str, str] = {
     "reference": "reference", "status": "status", "amount": "amount", "event": "event",

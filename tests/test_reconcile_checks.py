@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from zoneinfo import ZoneInfo
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -12,10 +13,12 @@ from hypothesis import strategies as st
 from reconcile.checks import Local, OpenDiscrepancy, decide, settle
 from reconcile.client import Lookup, backoff_delay, parse_envelope, retry_after_seconds
 from reconcile.errors import MalformedEnvelope, MappingError
+from reconcile.findings import recovered_event
 from reconcile.records import ProviderRecord, RecordMapping, record_outcome
 
 NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)
 WINDOW = timedelta(seconds=90)
+ZONE = ZoneInfo("Africa/Dar_es_Salaam")
 OUTCOMES = st.sampled_from([None, "success", "failure", "refunded", "pending"])
 AMOUNTS = st.one_of(st.none(), st.decimals(min_value=0, max_value=10**9, places=2))
 STATUS = {"success": "SUCCESSFUL", "failure": "FAILED", "refunded": "REFUNDED",
@@ -41,8 +44,12 @@ def test_a_verdict_never_recovers_over_a_contradicting_webhook_and_never_reopens
         assert ours in (None, "pending") or (subject, ours, theirs) == (
             "collection", "success", "refunded")
         assert theirs != "pending"
+        # whatever is recovered can be written as a webhook-shaped event
+        assert recovered_event(subject, verdict.recover, "p", NOW, ZONE).facts["event"]
     if ours in ("success", "failure", "refunded") and ours != theirs and theirs != "pending":
-        kinds = {d.kind for d in verdict.detect} | {"status_mismatch"}
+        resolved = {discrepancy_id for discrepancy_id, _ in verdict.resolve}
+        still_open = {o.kind for o in opened if o.id not in resolved}
+        kinds = {d.kind for d in verdict.detect} | still_open
         assert "status_mismatch" in kinds or verdict.recover is not None
     assert not {d.kind for d in verdict.detect} & {o.kind for o in opened}
     for d in verdict.detect:

@@ -184,3 +184,38 @@ def test_a_malformed_delivery_without_a_readable_reference_is_never_looked_up(
     with running_sandbox(state=CountingState()) as api:
         result = reconcile(db_url, api.url)
     assert result.checked == 0
+
+
+def test_a_404_without_the_apis_envelope_is_an_error_never_an_unknown_payment(
+        db_url: str) -> None:
+    """A wrong base URL (or a proxy) answers 404 for everything: taken for "the provider has
+    no such payment", it would tell someone to charge the customer again."""
+    expect(db_url, "N-404", "collection", 250)
+    with running_sandbox(state=CountingState()) as api:
+        wrong = reconcile(db_url, api.url + "/not-the-api", max_attempts=2)
+        assert wrong.errors == {"malformed_envelope": 1} and wrong.detected == []
+        assert discrepancies(db_url) == []
+        rows(db_url, "UPDATE hookledger_private.reconcile_subjects "  # time passes
+                     "SET next_check_at = now() - interval '1 second' RETURNING 1")
+        right = reconcile(db_url, api.url)  # the API's own 404 (envelope code 1404)
+    assert [d["kind"] for d in right.detected] == ["unknown_at_provider"]
+    assert discrepancies(db_url) == [("unknown_at_provider", "collection", "N-404",
+                                      Decimal(250))]
+
+
+def test_a_payout_the_provider_calls_reversed_is_reported_and_the_pass_goes_on(
+        db_url: str) -> None:
+    """No payout webhook carries a reversal, so there is nothing to recover it as: it is a
+    discrepancy for a person, and the other subjects of the pass are still checked."""
+    state = CountingState()
+    state.put_record("PO-REV", {"reference": "PO-REV", "status": "REVERSED", "amount": 700,
+                                "service": "Disbursement", "type": "DISBURSEMENT"})
+    state.record_general(body("payment.confirmed", 91000, reference="C-OK", amount=100))
+    expect(db_url, "PO-REV", "payout", 700)
+    expect(db_url, "C-OK", "collection", 100)
+    with running_sandbox(state=state) as api:
+        result = reconcile(db_url, api.url)
+    assert result.recovered == ["C-OK"] and result.errors == {}
+    assert discrepancies(db_url) == [
+        ("missing_webhook", "collection", "C-OK", Decimal(100)),
+        ("status_mismatch", "payout", "PO-REV", Decimal(700))]
