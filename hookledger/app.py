@@ -165,6 +165,15 @@ def create_app(settings: Settings, database_url: str, *,
                     report_interval_s=settings.report_interval_s, metrics=reconcile_metrics)
                 app.state.reconciler.start()
                 stack.push_async_callback(app.state.reconciler.shutdown)
+            elif settings.report_interval_s > 0:  # no API: reports of what the projector finds
+                from reconcile.scheduler import ReconcileScheduler
+
+                app.state.reports = ReconcileScheduler(
+                    None, None, interval_s=settings.reconcile_interval_s,
+                    database_url=database_url, reports_dir=settings.home / "reports",
+                    report_interval_s=settings.report_interval_s)
+                app.state.reports.start()
+                stack.push_async_callback(app.state.reports.shutdown)
             log.info("service.started", general_webhooks=sorted(settings.general_secrets),
                      chat_numbers=len(settings.chat_secrets))
             # What exists now lives as long as the service. Left to the cyclic collector,

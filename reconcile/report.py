@@ -29,10 +29,13 @@ JSON report schema (``schema_version`` 1; fields may be added, none removed or r
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import html
 import io
 import json
+import os
+import tempfile
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -326,8 +329,23 @@ async def write_scheduled_report(url: str, directory: Path) -> list[Path]:
         text = render(report, fmt)
         for name in (f"discrepancies-{stamp}.{fmt}", f"latest.{fmt}"):
             path = directory / name
-            tmp = path.with_suffix(path.suffix + ".tmp")
-            tmp.write_text(text, encoding="utf-8")
-            tmp.replace(path)
+            replace_atomically(path, text.encode("utf-8"))
             written.append(path)
     return written
+
+
+def replace_atomically(path: Path, data: bytes) -> None:
+    """Write beside ``path`` under a name of this writer's own, then rename over it: every
+    worker of a ``serve`` writes the same report names at the same moment, and a shared
+    temporary name let one truncate the file another was about to rename."""
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.",
+                                         suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+        os.chmod(temporary, 0o644)  # readable like any report, not mkstemp's 0600
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise

@@ -25,8 +25,12 @@ log = structlog.get_logger("hookledger.reconcile")
 
 
 class ReconcileScheduler:
-    def __init__(self, reconciler: Reconciler, client: ReferenceClient, *, interval_s: float,
-                 database_url: str, reports_dir: Path | None = None,
+    """Passes and reports; without a reconciler (no API configured) only reports, so the
+    discrepancies the projector finds (malformed deliveries, conflicting events, paid but
+    unsettled invoices) are still written out."""
+
+    def __init__(self, reconciler: Reconciler | None, client: ReferenceClient | None, *,
+                 interval_s: float, database_url: str, reports_dir: Path | None = None,
                  report_interval_s: float = 0, metrics: ReconcileMetrics | None = None
                  ) -> None:
         self._reconciler = reconciler
@@ -35,10 +39,11 @@ class ReconcileScheduler:
         self._url = database_url
         self._reports_dir = reports_dir
         self.scheduler = AsyncIOScheduler(timezone=UTC)
-        first = datetime.now(UTC) + timedelta(seconds=min(interval_s, 5))
-        self.scheduler.add_job(self.run_once, "interval", seconds=interval_s,
-                               id="reconcile", max_instances=1, coalesce=True,
-                               next_run_time=first, misfire_grace_time=None)
+        if reconciler is not None:
+            first = datetime.now(UTC) + timedelta(seconds=min(interval_s, 5))
+            self.scheduler.add_job(self.run_once, "interval", seconds=interval_s,
+                                   id="reconcile", max_instances=1, coalesce=True,
+                                   next_run_time=first, misfire_grace_time=None)
         if reports_dir is not None and report_interval_s > 0:
             self.scheduler.add_job(self.report_once, "interval", seconds=report_interval_s,
                                    id="report", max_instances=1, coalesce=True,
@@ -51,9 +56,12 @@ class ReconcileScheduler:
     async def shutdown(self) -> None:
         if self.scheduler.running:
             self.scheduler.shutdown(wait=False)
-        await self._client.aclose()
+        if self._client is not None:
+            await self._client.aclose()
 
     async def run_once(self) -> PassResult | None:
+        if self._reconciler is None:
+            return None
         try:
             result = await self._reconciler.run_pass()
         except Exception as exc:  # noqa: BLE001 - a pass must never end the schedule

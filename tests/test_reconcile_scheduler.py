@@ -4,18 +4,21 @@ failing API or database never ends it."""
 from __future__ import annotations
 
 import asyncio
+import json
+import threading
 import time
 from pathlib import Path
 
 import httpx
 
 from reconcile.client import ReferenceClient
+from reconcile.report import replace_atomically
 from reconcile.runner import PassResult, Reconciler
 from reconcile.scheduler import ReconcileScheduler
 from sandbox.faults import FaultSettings
 from sandbox.runner import running_sandbox
 from tests.live import running_service
-from tests.reconcile_helpers import API_KEY, CountingState, body, expect, rows
+from tests.reconcile_helpers import API_KEY, CountingState, body, deliver, expect, rows
 
 TOKEN = "admin-token-for-scheduler-tests"
 
@@ -61,3 +64,40 @@ def test_a_failing_api_or_database_never_ends_the_schedule(db_url: str) -> None:
         failing, crashed = asyncio.run(go(api.url))
     assert failing is not None and failing.errors  # recorded, not raised
     assert crashed is None
+
+
+def test_without_the_api_serve_still_writes_reports_of_what_the_projector_finds(
+        db_url: str, tmp_path: Path) -> None:
+    deliver(db_url, "payment.confirmed", 91000, reference="NOAPI-1", amount=300)
+    deliver(db_url, "payment.failed", 91050, reference="NOAPI-1", amount=300)
+    with running_service(db_url, home=tmp_path, report_interval_s=1):
+        latest = tmp_path / "reports" / "latest.json"
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not latest.exists():
+            time.sleep(0.2)
+    report = json.loads(latest.read_text())
+    assert [(d["kind"], d["reference"]) for d in report["open"]] == [
+        ("conflicting_events", "NOAPI-1")]
+
+
+def test_workers_writing_one_report_at_once_never_leave_a_partial_file(
+        tmp_path: Path) -> None:
+    target = tmp_path / "latest.json"
+    contents = [bytes([ord("a") + n]) * 200_000 for n in range(2)]
+    failures: list[BaseException] = []
+
+    def writer(data: bytes) -> None:
+        try:
+            for _ in range(100):
+                replace_atomically(target, data)
+        except BaseException as exc:  # noqa: BLE001 - collected for the assertion
+            failures.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(data,)) for data in contents]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    assert target.read_bytes() in contents
+    assert [p.name for p in tmp_path.iterdir()] == ["latest.json"]  # no temporary left
