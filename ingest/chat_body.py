@@ -53,6 +53,7 @@ from decimal import Decimal
 from typing import Any
 
 from ingest.errors import BodyError
+from ingest.unstorable import lenient_object, raw_digest, storable_text
 
 SOURCE = "chat"
 UNRECOGNISED_EVENT_TYPE = "chat.unrecognised"
@@ -332,6 +333,42 @@ def _malformed(body: Mapping[str, Any], meta: DeliveryMeta, error: BodyError) ->
         "detail": error.detail,
         "subject": "chat",
         "kind": kind[:64] if isinstance(kind, str) else None,
+        "message_id": message_id,
+    }
+    stream = (f"chat-message:{message_id}" if message_id
+              else f"chat-malformed:{meta.phone_number_id}")
+    return ChatDelivery(MALFORMED_EVENT_TYPE, stream, dedupe_key(meta.delivery_id, digest),
+                        None, facts)
+
+
+def unstorable_chat(raw: bytes, meta: DeliveryMeta, error: BodyError) -> ChatDelivery:
+    """A signed JSON object strict reading refused (:mod:`ingest.unstorable`), kept as
+    ``chat.malformed`` with only text ``jsonb`` can hold in its facts; a body naming
+    another number is still refused."""
+    body = lenient_object(raw)
+    try:
+        _check_phone_number(body, meta)
+    except BodyError as exc:
+        if exc.reason == "phone_number_mismatch":
+            raise
+    digest = raw_digest(raw)
+    kind = storable_text(body.get("type"), 64)
+    message_id = storable_text(_findable_message_id(body), MAX_ID)
+    facts = {
+        "waba_id": storable_text(body.get("wabaId"), MAX_ID),
+        "phone_number_id": meta.phone_number_id,
+        "delivery_id": meta.delivery_id,
+        "delivery_id_unusable": meta.delivery_id_unusable,
+        "attempt": meta.attempt,
+        "user_agent": meta.user_agent,
+        "content_sha256": digest,
+        "recognised": False,
+        "malformed": True,
+        "unstorable": True,
+        "reason": error.reason,
+        "detail": error.detail,
+        "subject": "chat",
+        "kind": kind,
         "message_id": message_id,
     }
     stream = (f"chat-message:{message_id}" if message_id

@@ -30,6 +30,7 @@ from ingest.chat_body import (
     delivery_id_of,
     delivery_id_unusable,
     read_chat_or_malformed,
+    unstorable_chat,
     user_agent_of,
 )
 from ingest.chat_secrets import MAX_PHONE_NUMBER_ID, ChatSecretStore
@@ -38,6 +39,7 @@ from ingest.headers import masked, safe_headers
 from ingest.json_body import parse_object
 from ingest.metrics import IngestMetrics
 from ingest.rejections import Refusal, RejectionLog
+from ingest.unstorable import is_unstorable, placeholder_payload
 from ledger import LedgerError, NewEvent
 
 SYSTEM = SOURCE
@@ -120,8 +122,15 @@ class ChatEndpoint:
             log.warning("delivery.unusable_delivery_id",
                         detail="keyed by the body's digest instead")
         try:
-            parsed, text = parse_object(body)
-            delivery = read_chat_or_malformed(parsed, meta, error_causes=self._error_causes)
+            try:
+                parsed, text = parse_object(body)
+            except BodyError as exc:
+                if not is_unstorable(exc):
+                    raise
+                # a JSON object jsonb cannot hold: kept by its raw bytes, never refused
+                delivery, text = unstorable_chat(body, meta, exc), placeholder_payload(exc)
+            else:
+                delivery = read_chat_or_malformed(parsed, meta, error_causes=self._error_causes)
         except BodyError as exc:
             return await self._refuse(refusal(400, exc.reason, exc.detail, body, len(body), True))
         if delivery.event_type == MALFORMED_EVENT_TYPE:

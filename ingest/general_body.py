@@ -45,6 +45,7 @@ from zoneinfo import ZoneInfo
 
 from ingest.codes import CODES, GENERAL_EVENTS, is_failure_code, outcome, outcome_of_event
 from ingest.errors import BodyError
+from ingest.unstorable import lenient_object, raw_digest, storable_text
 from ledger.jsonenc import dump_bytes
 
 UNRECOGNISED_EVENT_TYPE = "general.unrecognised"
@@ -293,6 +294,31 @@ def _malformed(body: dict[str, Any], error: BodyError) -> GeneralDelivery:
     # filed with the payment (or invoice...) it is about, so its story stays in one stream
     stream = (f"{subject}:{reference}" if subject and reference
               else f"malformed:{reference or key[18:34]}")
+    return GeneralDelivery(MALFORMED_EVENT_TYPE, stream, key, None, facts)
+
+
+def unstorable_general(raw: bytes, error: BodyError) -> GeneralDelivery:
+    """A signed JSON object strict reading refused (:mod:`ingest.unstorable`), kept as
+    ``general.malformed``. Its key is the raw bytes' digest: copies resent byte for byte
+    are one event (the same delivery through another URL differs in ``payloadSignature``
+    and is a second one: at worst an extra event, never a lost one)."""
+    body = lenient_object(raw)
+    event = storable_text(body.get("event"), MAX_TEXT)
+    subject = GENERAL_EVENTS[event][1] if event in GENERAL_EVENTS else None
+    reference = storable_text(body.get("reference"), MAX_TEXT)
+    key = "general:malformed:raw:" + raw_digest(raw)
+    facts = {
+        "recognised": False,
+        "malformed": True,
+        "unstorable": True,
+        "reason": error.reason,
+        "detail": error.detail,
+        "event": event,
+        "subject": subject,
+        "reference": reference,
+    }
+    stream = (f"{subject}:{reference}" if subject and reference
+              else f"malformed:{reference or key[22:38]}")
     return GeneralDelivery(MALFORMED_EVENT_TYPE, stream, key, None, facts)
 
 

@@ -21,11 +21,16 @@ from ingest import general_signature, responses
 from ingest.appender import BatchingAppender
 from ingest.body import BODY_TIMEOUT_S, read_limited
 from ingest.errors import BodyError, BodyTooLarge, BodyTooSlow
-from ingest.general_body import MALFORMED_EVENT_TYPE, read_general_or_malformed
+from ingest.general_body import (
+    MALFORMED_EVENT_TYPE,
+    read_general_or_malformed,
+    unstorable_general,
+)
 from ingest.headers import masked, safe_headers
 from ingest.json_body import parse_object
 from ingest.metrics import IngestMetrics
 from ingest.rejections import Refusal, RejectionLog
+from ingest.unstorable import is_unstorable, placeholder_payload
 from ledger import LedgerError, NewEvent
 
 SYSTEM = "general"
@@ -86,9 +91,14 @@ class GeneralEndpoint:
 
         try:
             parsed, text = parse_object(body)
-        except BodyError as exc:  # not a JSON object we can store: the one 400 when signed
-            return await self._refuse(refusal(400, exc.reason, exc.detail, body, len(body), True))
-        delivery = read_general_or_malformed(parsed, self._zone)
+        except BodyError as exc:
+            if not is_unstorable(exc):  # not a JSON object: the one 400 when signed
+                return await self._refuse(
+                    refusal(400, exc.reason, exc.detail, body, len(body), True))
+            # a JSON object jsonb cannot hold: kept by its raw bytes, never refused
+            delivery, text = unstorable_general(body, exc), placeholder_payload(exc)
+        else:
+            delivery = read_general_or_malformed(parsed, self._zone)
         if delivery.event_type == MALFORMED_EVENT_TYPE:
             log.warning("delivery.malformed", reason=delivery.facts["reason"],
                         detail=delivery.facts["detail"])

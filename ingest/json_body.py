@@ -1,9 +1,10 @@
 """Strict JSON for delivery bodies.
 
-Everything here is refused with a reason rather than stored: hookledger keeps the provider's
-body as PostgreSQL ``jsonb``, and anything jsonb would reject (NUL characters, lone
-surrogates, numbers beyond ``numeric``) would otherwise fail a whole append batch. Numbers
-are parsed as ``int``/``Decimal``, never ``float``: money stays exact.
+Everything here raises a :class:`BodyError` with a reason rather than returning something
+``jsonb`` would reject (NUL characters, lone surrogates, numbers beyond ``numeric``), which
+would otherwise fail a whole append batch. Bodies that are JSON objects all the same are
+then kept by their raw bytes (:mod:`ingest.unstorable`); the rest are refused. Numbers are
+parsed as ``int``/``Decimal``, never ``float``: money stays exact.
 """
 
 from __future__ import annotations

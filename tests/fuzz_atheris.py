@@ -19,10 +19,11 @@ import atheris
 
 with atheris.instrument_imports():
     from ingest import chat_signature, general_signature
-    from ingest.chat_body import DeliveryMeta, read_chat
+    from ingest.chat_body import DeliveryMeta, read_chat, unstorable_chat
     from ingest.errors import BodyError
-    from ingest.general_body import read_general
+    from ingest.general_body import read_general, unstorable_general
     from ingest.json_body import parse_object
+    from ingest.unstorable import is_unstorable
 
 EAT = ZoneInfo("Africa/Dar_es_Salaam")
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC).timestamp()
@@ -49,12 +50,21 @@ def one_input(data: bytes) -> None:
         except chat_signature.ChatSignatureError:
             pass
     else:
+        meta = DeliveryMeta("1555000111", header or None, 1, None)
         try:
-            parsed, _ = parse_object(body)
+            try:
+                parsed, _ = parse_object(body)
+            except BodyError as exc:
+                if is_unstorable(exc):  # kept by its raw bytes: must never raise otherwise
+                    if which == 2:
+                        unstorable_general(body, exc)
+                    else:
+                        unstorable_chat(body, meta, exc)
+                return
             if which == 2:
                 read_general(parsed, EAT)
             else:
-                read_chat(parsed, DeliveryMeta("1555000111", header or None, 1, None))
+                read_chat(parsed, meta)
         except BodyError:
             pass
 

@@ -287,6 +287,27 @@ def test_an_unusable_delivery_id_is_kept_once_keyed_by_the_body(
     assert rows(db_url, "SELECT count(*) FROM hookledger.rejected_deliveries") == [(0,)]
 
 
+def test_a_chat_body_jsonb_cannot_hold_is_kept_by_its_raw_bytes_unless_for_another_number(
+        service: str, db_url: str) -> None:
+    """Half an emoji in a message's text is a lone surrogate: jsonb cannot hold it, yet the
+    platform would retry and then drop the delivery, so it is kept."""
+    raw = encode(inbound(message_id="wamid.HALF", text={"body": "Asante \ud83d"}))
+    answers = [post(service, PHONE, raw, secret=SECRETS[PHONE]) for _ in range(2)]
+    assert [a.status_code for a in answers] == [200, 200], answers[0].text
+    assert [a.json()["duplicate"] for a in answers] == [False, True]
+    [(event_type, stored, facts, stream)] = rows(
+        db_url, "SELECT event_type, raw_body, facts, stream FROM hookledger.ledger")
+    assert (event_type, bytes(stored), stream) == ("chat.malformed", raw,
+                                                   "chat-message:wamid.HALF")
+    assert (facts["reason"], facts["unstorable"], facts["kind"]) == (
+        "invalid_unicode", True, "message")
+    elsewhere = encode(inbound(phone="2000000002", text={"body": "\u0000"}))
+    refused = post(service, PHONE, elsewhere, secret=SECRETS[PHONE])
+    assert refused.status_code == 400 and refused.json()["reason"] == "phone_number_mismatch"
+    assert rows(db_url, "SELECT count(*) FROM hookledger.ledger WHERE source = 'chat'") == [
+        (1,)]
+
+
 def test_a_stale_but_genuine_delivery_is_refused_as_stale(service: str, db_url: str) -> None:
     raw = encode(inbound())
     for t in (int(time.time()) - 400, int(time.time()) + 400):

@@ -13,15 +13,17 @@ from zoneinfo import ZoneInfo
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ingest.chat_body import DeliveryMeta, read_chat_or_malformed
+from ingest.chat_body import DeliveryMeta, read_chat_or_malformed, unstorable_chat
 from ingest.codes import GENERAL_EVENTS
 from ingest.errors import BodyError
 from ingest.general_body import (
     MALFORMED_EVENT_TYPE,
     UNRECOGNISED_EVENT_TYPE,
     read_general_or_malformed,
+    unstorable_general,
 )
 from ingest.json_body import parse_object
+from ingest.unstorable import is_unstorable
 from ledger.jsonenc import dumps
 from tests.chat_events import PHONE, inbound, status
 from tests.general_events import general_body
@@ -37,30 +39,44 @@ json_values = st.recursive(scalars, lambda children: st.lists(children, max_size
                            max_leaves=12)
 
 
+def storable(facts: dict[str, Any]) -> None:
+    """What jsonb holds: UTF-8 text (no lone surrogate) without NUL."""
+    text = dumps(facts)
+    text.encode("utf-8")
+    assert "\x00" not in text and "\\u0000" not in text
+
+
 def kept_general(raw: bytes) -> None:
-    """A strict-JSON object is always kept, with storable facts."""
+    """A JSON object is always kept, with storable facts: read, flagged malformed, or (when
+    jsonb cannot hold it) kept by its raw bytes."""
     try:
         parsed, _ = parse_object(raw)
-    except BodyError:
+    except BodyError as exc:
+        if is_unstorable(exc):
+            kept = unstorable_general(raw, exc)
+            assert kept.event_type == MALFORMED_EVENT_TYPE and kept.facts["unstorable"]
+            storable(kept.facts)
         return
     read = read_general_or_malformed(parsed, EAT)
     assert read.event_type in {*GENERAL_EVENTS, UNRECOGNISED_EVENT_TYPE, MALFORMED_EVENT_TYPE}
     assert (read.event_type == MALFORMED_EVENT_TYPE) == bool(read.facts.get("malformed"))
-    dumps(read.facts)
+    storable(read.facts)
 
 
 def kept_chat(raw: bytes, meta: DeliveryMeta) -> None:
     try:
-        parsed, _ = parse_object(raw)
-    except BodyError:
-        return
-    try:
+        try:
+            parsed, _ = parse_object(raw)
+        except BodyError as exc:
+            if is_unstorable(exc):
+                storable(unstorable_chat(raw, meta, exc).facts)
+            return
         read = read_chat_or_malformed(parsed, meta)
     except BodyError as exc:
         assert exc.reason == "phone_number_mismatch"
         return
     assert read.event_type.startswith("chat.")
-    dumps(read.facts)
+    storable(read.facts)
 
 
 def mutated(base: dict[str, Any], draw_path: list[str], value: Any) -> dict[str, Any]:
@@ -124,3 +140,26 @@ def test_a_chat_body_with_any_field_replaced_reads_or_is_refused(
 @given(body=st.dictionaries(st.text(max_size=12), json_values, max_size=8))
 def test_any_chat_object_reads_or_is_refused(body: dict[str, Any]) -> None:
     kept_chat(json.dumps(body).encode(), DeliveryMeta(PHONE, None, None, None))
+
+
+# text jsonb cannot hold, in any field: each body is still kept, with storable facts
+unholdable = st.text(st.sampled_from(["\x00", "\ud800", "\udfff", "a", "\u00e9", "\U0001f600"]),
+                     min_size=1, max_size=6)
+
+
+@FUZZ
+@given(event=st.sampled_from(["payment.confirmed", "payout.failed", "invoice.paid", "ping"]),
+       path=st.sampled_from(general_paths()), value=unholdable)
+def test_nul_or_lone_surrogates_in_any_general_field_are_kept_storable(
+        event: str, path: list[str], value: str) -> None:
+    kept_general(json.dumps(mutated(general_body(event, 91000, reference="F"), path,
+                                    value)).encode())
+
+
+@FUZZ
+@given(base=st.sampled_from(["inbound", "status"]), path=st.sampled_from(chat_paths()),
+       value=unholdable)
+def test_nul_or_lone_surrogates_in_any_chat_field_are_kept_storable(
+        base: str, path: list[str], value: str) -> None:
+    body = mutated(inbound() if base == "inbound" else status("failed"), path, value)
+    kept_chat(json.dumps(body).encode(), DeliveryMeta(PHONE, "d-1", 1, "ua"))

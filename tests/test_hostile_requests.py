@@ -1,6 +1,7 @@
 """Hostile requests, correctly signed so that they reach the parser: each one is a 4xx with
-a recorded reason, never a 500, and nothing of it reaches the ledger. A signed JSON object of
-a listed event whose fields cannot be read is not hostile: it is kept, flagged, and reported.
+a recorded reason, never a 500, and nothing of it reaches the ledger. A signed JSON object
+is not hostile, whether its fields cannot be read or jsonb cannot hold it: it is kept,
+flagged, and reported.
 
 A correctly signed JSON object is accepted whatever its Content-Type: the signature is the
 proof, the provider never retries, and refusing a genuine delivery over a header would lose
@@ -43,17 +44,50 @@ def replace(field: str, raw_value: str) -> bytes:
 HOSTILE = [
     ("invalid UTF-8", b'{"reference": "\xff\xfe", "event": "payment.confirmed"}',
      "invalid_utf8"),
-    ("deeply nested", b'{"a": ' + b"[" * 5000 + b"]" * 5000 + b"}", "too_deep"),
-    ("huge number", replace("amount", "1e999999"), "number_out_of_range"),
     ("huge integer", replace("amount", "9" * 5000), "invalid_json"),
     ("NaN", replace("amount", "NaN"), "invalid_json"),
     ("Infinity", replace("amount", "-Infinity"), "invalid_json"),
-    ("duplicate keys", b'{"reference": "A", "reference": "B"}', "duplicate_json_key"),
-    ("NUL in a string", replace("reference", '"A\\u0000B"'), "nul_character"),
-    ("lone surrogate", replace("reference", '"\\ud800"'), "invalid_unicode"),
     ("a JSON array", b"[]", "not_an_object"),
     ("empty body", b"", "invalid_json"),
 ]
+
+# Signed JSON objects that jsonb cannot hold as they are: kept by their raw bytes as
+# general.malformed (reference read leniently when it is text jsonb can hold), never refused.
+UNSTORABLE = [
+    ("deeply nested", b'{"a": ' + b"[" * 5000 + b"]" * 5000 + b"}", "too_deep", None),
+    ("huge number", replace("amount", "1e999999"), "number_out_of_range", "HOSTILE"),
+    ("duplicate keys", replace("reference", '"A", "reference": "HOSTILE"'),
+     "duplicate_json_key", "HOSTILE"),
+    ("NUL in the reference", replace("reference", '"A\\u0000B"'), "nul_character", None),
+    ("lone surrogate in the reference", replace("reference", '"\\ud800"'), "invalid_unicode",
+     None),
+    ("half an emoji in a name", replace("customer", '{"firstname": "Asha \\ud83d"}'),
+     "invalid_unicode", "HOSTILE"),
+]
+
+
+@pytest.mark.parametrize(("raw", "reason", "reference"),
+                         [(raw, reason, ref) for _, raw, reason, ref in UNSTORABLE],
+                         ids=[name for name, _, _, _ in UNSTORABLE])
+def test_a_signed_object_jsonb_cannot_hold_is_kept_by_its_raw_bytes_and_reported(
+        service: str, db_url: str, raw: bytes, reason: str, reference: str | None) -> None:
+    answer = post(service, "primary", raw, secret=SECRETS["primary"])
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["duplicate"] is False
+    [(event_type, stored, payload, facts, stream)] = rows(
+        db_url, "SELECT event_type, raw_body, payload, facts, stream FROM hookledger.ledger")
+    assert (event_type, bytes(stored)) == ("general.malformed", raw)
+    assert payload["unstorable"] is True and payload["reason"] == reason
+    assert (facts["reason"], facts["reference"]) == (reason, reference)
+    if reference:
+        assert stream == "collection:HOSTILE"
+    again = post(service, "primary", raw, secret=SECRETS["primary"])  # resent byte for byte
+    assert again.status_code == 200 and again.json()["duplicate"] is True
+    assert rows(db_url, "SELECT count(*) FROM hookledger.rejected_deliveries") == [(0,)]
+    found = wait_for(lambda: rows(
+        db_url, "SELECT kind, reference FROM hookledger.discrepancies"))
+    assert found == [("malformed_delivery", reference or "")]
+
 
 # Signed JSON objects of a listed event whose fields cannot be read: the general system
 # never sends them again, so they are kept (flagged, never projected), not refused.

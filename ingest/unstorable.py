@@ -1,0 +1,63 @@
+"""Signed JSON objects that strict reading refuses but that must still be kept.
+
+A body with a key twice, a NUL or a lone surrogate in a string (a name cut in the middle of
+an emoji), nesting past :data:`ingest.json_body.MAX_DEPTH` or a number beyond ``numeric``
+is still a JSON object the provider signed. PostgreSQL ``jsonb`` cannot hold it as it is,
+so it used to be refused with a 400, and the general system never sends a delivery again.
+
+Such a body is kept as its system's malformed event: the raw bytes exactly, a placeholder
+payload saying why there is no ``jsonb`` copy, facts read leniently from what can be read
+(only text ``jsonb`` can hold), and a key from the raw bytes. The projector reports it as a
+``malformed_delivery`` and reconciliation asks the provider about its reference.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from decimal import Decimal
+from typing import Any
+
+from ingest.errors import BodyError
+from ledger.jsonenc import dumps
+
+# strict-reading reasons for a body that is a JSON object all the same
+UNSTORABLE_REASONS = frozenset({"duplicate_json_key", "nul_character", "invalid_unicode",
+                                "too_deep", "number_out_of_range"})
+
+
+def is_unstorable(error: BodyError) -> bool:
+    return error.reason in UNSTORABLE_REASONS
+
+
+def lenient_object(raw: bytes) -> dict[str, Any]:
+    """What Python's own reader makes of the body (the last of duplicate keys wins), or
+    an empty object when even that fails: only used to find a reference to file it under."""
+    try:
+        value = json.loads(raw.decode("utf-8"), parse_float=Decimal)
+    except (ValueError, RecursionError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def storable_text(value: Any, limit: int) -> str | None:
+    """``value`` if it is non-blank text of at most ``limit`` characters that ``jsonb`` can
+    hold (no NUL, no lone surrogate); else None."""
+    if not isinstance(value, str) or not value.strip() or len(value) > limit \
+            or "\x00" in value:
+        return None
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+    return value
+
+
+def raw_digest(raw: bytes) -> str:
+    return hashlib.sha256(raw).hexdigest()
+
+
+def placeholder_payload(error: BodyError) -> str:
+    """The ``payload`` of a kept body ``jsonb`` cannot hold; the body is in ``raw_body``."""
+    return dumps({"unstorable": True, "reason": error.reason, "detail": error.detail,
+                  "see": "raw_body"})
