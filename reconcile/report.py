@@ -25,6 +25,9 @@ JSON report schema (``schema_version`` 1; fields may be added, none removed or r
                 "amount_at_risk": "decimal string" | null,
                 "detected_at": "ISO 8601", "age_s": int, "action": str}]  # oldest first
     }
+
+Every ``amount_at_risk_open`` and aging amount counts each payment (subject and reference)
+once, at the largest amount among its open discrepancies (:func:`at_risk`).
 """
 
 from __future__ import annotations
@@ -104,48 +107,60 @@ def _money(value: Decimal) -> str:
     return format(value, "f")
 
 
+def at_risk(rows: Iterable[Row]) -> Decimal:
+    """Money at risk in open discrepancies, each payment (subject and reference) counted
+    once, at the largest amount any of them names: one payment can hold a conflict, a
+    contradicting code and a mismatch at once, and its money is not at risk three times."""
+    largest: dict[tuple[str, str], Decimal] = {}
+    for row in rows:
+        key = (row.subject, row.reference)
+        largest[key] = max(largest.get(key, Decimal(0)), row.amount_at_risk or Decimal(0))
+    return sum(largest.values(), Decimal(0))
+
+
 def build_report(rows: Iterable[Row], *, now: datetime, since: datetime | None = None
                  ) -> dict[str, Any]:
-    kinds: dict[str, list[Any]] = defaultdict(lambda: [0, 0, Decimal(0)])
-    services: dict[str, list[Any]] = defaultdict(lambda: [0, 0, Decimal(0)])
-    aging: dict[str, list[Any]] = {name: [0, Decimal(0)] for name, _ in AGING}
+    counts: dict[str, dict[str, list[int]]] = {"kind": defaultdict(lambda: [0, 0]),
+                                               "service": defaultdict(lambda: [0, 0])}
+    open_by: dict[str, dict[str, list[Row]]] = {"kind": defaultdict(list),
+                                                "service": defaultdict(list),
+                                                "aging": defaultdict(list)}
     detected: Counter[str] = Counter()
     resolved: Counter[str] = Counter()
     open_rows: list[Row] = []
     total = 0
     for row in rows:
         total += 1
-        risk = row.amount_at_risk or Decimal(0)
         detected[row.detected_at.astimezone(UTC).date().isoformat()] += 1
         is_open = row.status == "open"
-        for table, key in ((kinds, row.kind), (services, row.service)):
-            entry = table[key]
-            entry[0 if is_open else 1] += 1
+        for axis, key in (("kind", row.kind), ("service", row.service)):
+            counts[axis][key][0 if is_open else 1] += 1
             if is_open:
-                entry[2] += risk
+                open_by[axis][key].append(row)
         if is_open:
             open_rows.append(row)
             age = (now - row.detected_at).total_seconds()
             bucket = next(name for name, limit in AGING if limit is None or age < limit)
-            aging[bucket][0] += 1
-            aging[bucket][1] += risk
+            open_by["aging"][bucket].append(row)
         elif row.resolved_at is not None:
             resolved[row.resolved_at.astimezone(UTC).date().isoformat()] += 1
     open_rows.sort(key=lambda r: (r.detected_at, r.id))
-    at_risk = sum((r.amount_at_risk or Decimal(0) for r in open_rows), Decimal(0))
     days = sorted(set(detected) | set(resolved))
     return {
         "schema_version": SCHEMA_VERSION, "generated_at": now.isoformat(),
         "since": since.isoformat() if since else None, "currency": "TZS",
         "totals": {"discrepancies": total, "open": len(open_rows),
-                   "resolved": total - len(open_rows), "amount_at_risk_open": _money(at_risk)},
+                   "resolved": total - len(open_rows),
+                   "amount_at_risk_open": _money(at_risk(open_rows))},
         "by_kind": [{"kind": k, "open": v[0], "resolved": v[1],
-                     "amount_at_risk_open": _money(v[2])} for k, v in sorted(kinds.items())],
+                     "amount_at_risk_open": _money(at_risk(open_by["kind"][k]))}
+                    for k, v in sorted(counts["kind"].items())],
         "by_service": [{"service": k, "open": v[0], "resolved": v[1],
-                        "amount_at_risk_open": _money(v[2])}
-                       for k, v in sorted(services.items())],
-        "aging": [{"bucket": name, "open": aging[name][0],
-                   "amount_at_risk": _money(aging[name][1])} for name, _ in AGING],
+                        "amount_at_risk_open": _money(at_risk(open_by["service"][k]))}
+                       for k, v in sorted(counts["service"].items())],
+        "aging": [{"bucket": name, "open": len(open_by["aging"][name]),
+                   "amount_at_risk": _money(at_risk(open_by["aging"][name]))}
+                  for name, _ in AGING],
         "timeline": [{"date": d, "detected": detected[d], "resolved": resolved[d]}
                      for d in days],
         "open": [{"id": r.id, "kind": r.kind, "service": r.service, "subject": r.subject,

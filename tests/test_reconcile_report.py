@@ -66,3 +66,27 @@ def test_report_generation_escapes_text_and_ages_open_discrepancies() -> None:
                                   {"date": "2026-11-22", "detected": 1, "resolved": 1}]
     page = render(report, "html")
     assert "&lt;b&gt;x&lt;/b&gt;" in page and "<b>x</b>" not in page
+
+
+def test_a_payment_with_several_open_discrepancies_is_at_risk_once() -> None:
+    """A failure beside a success of 10,000 that the provider calls failed holds a conflict
+    and a mismatch at once: 10,000 is at risk, not 20,000."""
+    now = datetime(2026, 11, 22, 12, tzinfo=UTC)
+
+    def row(i: str, kind: str, reference: str, risk: str | None) -> Row:
+        return Row(i, kind, "Collection", "collection", reference, "d",
+                   None if risk is None else Decimal(risk), "open",
+                   now - timedelta(minutes=5), None)
+
+    report = build_report([row("a", "conflicting_events", "C-1", "10000"),
+                           row("b", "status_mismatch", "C-1", "10000"),
+                           row("c", "amount_mismatch", "C-1", "250"),
+                           row("d", "missing_webhook", "C-2", "500"),
+                           row("e", "unresolved", "C-3", None)], now=now)
+    assert report["totals"]["amount_at_risk_open"] == "10500"
+    assert report["totals"]["open"] == 5
+    assert {k["kind"]: k["amount_at_risk_open"] for k in report["by_kind"]} == {
+        "amount_mismatch": "250", "conflicting_events": "10000", "missing_webhook": "500",
+        "status_mismatch": "10000", "unresolved": "0"}
+    assert [s["amount_at_risk_open"] for s in report["by_service"]] == ["10500"]
+    assert report["aging"][0] == {"bucket": "<1h", "open": 5, "amount_at_risk": "10500"}
