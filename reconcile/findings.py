@@ -56,22 +56,27 @@ def checked_event(subject: str, lookup: Lookup, result: str, pass_id: str,
 
 
 def recovered_event(subject: str, record: ProviderRecord, pass_id: str, now: datetime,
-                    zone: ZoneInfo) -> NewEvent:
+                    zone: ZoneInfo, reference: str | None = None) -> NewEvent:
+    """The provider's terminal state as a webhook-shaped event, filed under ``reference``
+    (the one asked about; the provider may spell its own differently, e.g. in case, and a
+    recovery filed under that would leave the payment asked about unresolved)."""
+    reference = reference or record.reference
     event = record.event if (record.event or "").split(".")[0] == (
         "payment" if subject == "collection" else "payout") else None
     event = event or RECOVERY_EVENT[(subject, record.outcome)]
     occurred = provider_time(record.timestamp, zone)
     payload = {
-        "subject": subject, "reference": record.reference, "event": event,
+        "subject": subject, "reference": reference, "provider_reference": record.reference,
+        "event": event,
         "status": record.status, "outcome": record.outcome, "code": record.code,
         "amount": record.amount, "transaction_id": record.transaction_id,
         "customer_reference": record.customer_reference,
         "occurred_at": occurred.isoformat() if occurred else None, "recovered": True,
         "pass_id": pass_id,
     }
-    key = (f"reconcile:recovered:{subject}:{record.reference}:{record.outcome}:"
+    key = (f"reconcile:recovered:{subject}:{reference}:{record.outcome}:"
            f"{record.status}:{record.amount}")
-    return _event(f"{subject}:{record.reference}", RECOVERED_EVENT, key, payload, now)
+    return _event(f"{subject}:{reference}", RECOVERED_EVENT, key, payload, now)
 
 
 def detected_event(subject: str, reference: str, found: Detection, pass_id: str,

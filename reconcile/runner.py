@@ -193,7 +193,7 @@ class Reconciler:
             if verdict.recover is not None:
                 recoveries.append((len(events), d.subject, d.reference))
                 events.append(recovered_event(d.subject, verdict.recover, result.pass_id, now,
-                                              cfg.zone))
+                                              cfg.zone, reference=d.reference))
             for found in verdict.detect:
                 events.append(detected_event(d.subject, d.reference, found, result.pass_id,
                                              checked.dedupe_key, now))

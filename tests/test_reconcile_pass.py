@@ -219,3 +219,20 @@ def test_a_payout_the_provider_calls_reversed_is_reported_and_the_pass_goes_on(
     assert discrepancies(db_url) == [
         ("missing_webhook", "collection", "C-OK", Decimal(100)),
         ("status_mismatch", "payout", "PO-REV", Decimal(700))]
+
+
+def test_a_recovery_is_filed_under_the_reference_asked_whatever_the_provider_spells(
+        db_url: str) -> None:
+    state = CountingState()
+    state.put_record("CASE-1", {"reference": "case-1", "status": "SUCCESSFUL", "amount": 100,
+                                "event": "payment.confirmed", "code": 91000,
+                                "service": "Collection", "type": "CHARGE"})
+    expect(db_url, "CASE-1", "collection", 100)
+    with running_sandbox(state=state) as api:
+        result = reconcile(db_url, api.url)
+    assert result.recovered == ["CASE-1"]
+    assert rows(db_url, "SELECT reference, outcome, recovered FROM hookledger.payments") == [
+        ("CASE-1", "success", True)]
+    assert rows(db_url, "SELECT resolved FROM hookledger.expectations") == [(True,)]
+    assert rows(db_url, "SELECT payload->>'provider_reference' FROM hookledger.ledger "
+                        "WHERE event_type = 'reconcile.recovered'") == [("case-1",)]
