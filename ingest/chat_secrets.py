@@ -196,10 +196,13 @@ class ChatSecretStore:
             # shield: a request that goes away must not cancel the lookup others wait on
             return await asyncio.shield(task)
         except LedgerUnavailable:
-            if cached is None:
+            # the database is down: secrets read in the last grace period still verify
+            # (retirement is still judged at ``now``: a rotation this process has not seen
+            # is honoured no longer than its grace would be), and the delivery goes to the
+            # spool, not a 503. No rows read (an unknown number) stays a 503, never a 401.
+            if cached is None or not cached[1] or \
+                    self._monotonic() - (cached[0] - self._ttl) > self._grace.total_seconds():
                 raise
-            # the database is down: the secrets read last still verify (retirement is
-            # still judged at ``now``), and the delivery goes to the spool, not a 503
             log.warning("chat_secret.stale_while_unavailable", phone_number_id=phone_number_id)
             return cached[1]
 

@@ -37,6 +37,7 @@ into one, which loses no information.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -297,16 +298,21 @@ def _malformed(body: dict[str, Any], error: BodyError) -> GeneralDelivery:
     return GeneralDelivery(MALFORMED_EVENT_TYPE, stream, key, None, facts)
 
 
+# the per-URL field, as text: a signature value holds no quote or backslash
+_PAYLOAD_SIGNATURE = re.compile(rb'"payloadSignature"\s*:\s*"[^"\\]*"')
+
+
 def unstorable_general(raw: bytes, error: BodyError) -> GeneralDelivery:
     """A signed JSON object strict reading refused (:mod:`ingest.unstorable`), kept as
-    ``general.malformed``. Its key is the raw bytes' digest: copies resent byte for byte
-    are one event (the same delivery through another URL differs in ``payloadSignature``
-    and is a second one: at worst an extra event, never a lost one)."""
+    ``general.malformed``. Its key is the digest of the raw bytes with ``payloadSignature``
+    blanked: the same delivery through each of the three URLs is one event, as
+    :func:`malformed_key` makes it for readable bodies."""
     body = lenient_object(raw)
     event = storable_text(body.get("event"), MAX_TEXT)
     subject = GENERAL_EVENTS[event][1] if event in GENERAL_EVENTS else None
     reference = storable_text(body.get("reference"), MAX_TEXT)
-    key = "general:malformed:raw:" + raw_digest(raw)
+    unsigned = _PAYLOAD_SIGNATURE.sub(b'"payloadSignature":""', raw)
+    key = "general:malformed:raw:" + raw_digest(unsigned)
     facts = {
         "recognised": False,
         "malformed": True,

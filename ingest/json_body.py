@@ -17,6 +17,7 @@ from ingest.errors import BodyError
 
 MAX_DEPTH = 32
 MAX_NUMBER_EXPONENT = 1000  # far beyond money, far inside PostgreSQL numeric
+MAX_NUMBER_DIGITS = MAX_NUMBER_EXPONENT + 1  # an integer's digits (and sign) read as text
 
 
 def _reject_constant(name: str) -> Any:
@@ -37,6 +38,14 @@ def _decimal(text: str) -> Decimal:
         return Decimal(text)
     except InvalidOperation as exc:  # pragma: no cover - the scanner only passes numbers
         raise BodyError("invalid_json", "bad number") from exc
+
+
+def _integer(text: str) -> int:
+    """An integer, refused as out of range past :data:`MAX_NUMBER_DIGITS` digits before
+    ``int()`` sees it (Python's own limit is a ``ValueError`` that read as invalid JSON)."""
+    if len(text) > MAX_NUMBER_DIGITS:
+        raise BodyError("number_out_of_range", "a number is out of range")
+    return int(text)
 
 
 def _check(value: Any, depth: int) -> None:
@@ -80,6 +89,7 @@ def parse_object(raw: bytes) -> tuple[dict[str, Any], str]:
             text,
             object_pairs_hook=_pairs,
             parse_float=_decimal,
+            parse_int=_integer,
             parse_constant=_reject_constant,
         )
     except BodyError:

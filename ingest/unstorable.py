@@ -34,7 +34,7 @@ def lenient_object(raw: bytes) -> dict[str, Any]:
     """What Python's own reader makes of the body (the last of duplicate keys wins), or
     an empty object when even that fails: only used to find a reference to file it under."""
     try:
-        value = json.loads(raw.decode("utf-8"), parse_float=Decimal)
+        value = json.loads(raw.decode("utf-8"), parse_float=Decimal, parse_int=Decimal)
     except (ValueError, RecursionError):
         return {}
     return value if isinstance(value, dict) else {}

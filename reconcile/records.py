@@ -137,8 +137,14 @@ class RecordMapping:
                                      or not isinstance(code_raw, int)):
             raise MappingError("code is not an integer")
         transaction_id = text("transaction_id")
+        answered = text("reference")
+        if answered is not None and answered.strip().casefold() != reference.strip().casefold():
+            # another payment's record (or a wrong path for the field): nothing of it may be
+            # recovered as the state of the one asked about
+            raise MappingError(f"the record is about reference {answered[:64]!r}, "
+                               f"not {reference[:64]!r}")
         return ProviderRecord(
-            reference=text("reference") or reference, status=text("status"), amount=amount,
+            reference=answered or reference, status=text("status"), amount=amount,
             event=text("event"), code=code_raw, customer_reference=text("customer_reference"),
             transaction_id=None if transaction_id in (None, "", "-1") else transaction_id,
             service=text("service"), timestamp=text("timestamp"))

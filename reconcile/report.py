@@ -39,6 +39,7 @@ import io
 import json
 import os
 import tempfile
+import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -338,6 +339,7 @@ async def write_scheduled_report(url: str, directory: Path) -> list[Path]:
     """Every format, stamped, plus ``latest.*`` copies, under ``directory``."""
     report = await report_for(url)
     directory.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned(directory)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     written = []
     for fmt in FORMATS:
@@ -349,6 +351,15 @@ async def write_scheduled_report(url: str, directory: Path) -> list[Path]:
     return written
 
 
+def _remove_abandoned(directory: Path, older_than_s: float = 3600) -> None:
+    """Temporary files a writer killed mid-write left behind (none is written for long)."""
+    limit = time.time() - older_than_s
+    for leftover in directory.glob(".*.tmp"):
+        with contextlib.suppress(FileNotFoundError):
+            if leftover.stat().st_mtime < limit:
+                leftover.unlink()
+
+
 def replace_atomically(path: Path, data: bytes) -> None:
     """Write beside ``path`` under a name of this writer's own, then rename over it: every
     worker of a ``serve`` writes the same report names at the same moment, and a shared
@@ -358,6 +369,8 @@ def replace_atomically(path: Path, data: bytes) -> None:
     try:
         with os.fdopen(handle, "wb") as out:
             out.write(data)
+            out.flush()
+            os.fsync(out.fileno())  # a power cut leaves the old report, never an empty one
         os.chmod(temporary, 0o644)  # readable like any report, not mkstemp's 0600
         os.replace(temporary, path)
     except BaseException:

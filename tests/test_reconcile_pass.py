@@ -236,3 +236,18 @@ def test_a_recovery_is_filed_under_the_reference_asked_whatever_the_provider_spe
     assert rows(db_url, "SELECT resolved FROM hookledger.expectations") == [(True,)]
     assert rows(db_url, "SELECT payload->>'provider_reference' FROM hookledger.ledger "
                         "WHERE event_type = 'reconcile.recovered'") == [("case-1",)]
+
+
+def test_an_answer_about_another_reference_is_an_error_and_recovers_nothing(
+        db_url: str) -> None:
+    """A wrong mapping path or an API mix-up must not mark the asked payment paid."""
+    state = CountingState()
+    state.put_record("ASK-1", {"reference": "OTHER-9", "status": "SUCCESSFUL", "amount": 100,
+                               "event": "payment.confirmed", "code": 91000,
+                               "service": "Collection", "type": "CHARGE"})
+    expect(db_url, "ASK-1", "collection", 100)
+    with running_sandbox(state=state) as api:
+        result = reconcile(db_url, api.url)
+    assert result.recovered == [] and result.errors == {"mapping": 1}
+    assert rows(db_url, "SELECT count(*) FROM hookledger.payments") == [(0,)]
+    assert rows(db_url, "SELECT resolved FROM hookledger.expectations") == [(False,)]

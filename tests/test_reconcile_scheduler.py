@@ -8,6 +8,7 @@ import json
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -70,12 +71,16 @@ def test_without_the_api_serve_still_writes_reports_of_what_the_projector_finds(
         db_url: str, tmp_path: Path) -> None:
     deliver(db_url, "payment.confirmed", 91000, reference="NOAPI-1", amount=300)
     deliver(db_url, "payment.failed", 91050, reference="NOAPI-1", amount=300)
+    latest = tmp_path / "reports" / "latest.json"
+
+    def written() -> dict[str, Any]:
+        return json.loads(latest.read_text()) if latest.exists() else {"open": []}
+
     with running_service(db_url, home=tmp_path, report_interval_s=1):
-        latest = tmp_path / "reports" / "latest.json"
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and not latest.exists():
+        deadline = time.monotonic() + 20  # until a report after the projector's finding
+        while time.monotonic() < deadline and not written()["open"]:
             time.sleep(0.2)
-    report = json.loads(latest.read_text())
+    report = written()
     assert [(d["kind"], d["reference"]) for d in report["open"]] == [
         ("conflicting_events", "NOAPI-1")]
 
