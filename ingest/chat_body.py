@@ -278,11 +278,8 @@ def _check_phone_number(body: Mapping[str, Any], meta: DeliveryMeta) -> None:
 
 def _common(body: Mapping[str, Any], meta: DeliveryMeta, digest: str, *,
             strict: bool = True) -> dict[str, Any]:
-    waba_id = body.get("wabaId")
-    if strict:
-        waba_id = _text(body, "wabaId", "")
-    elif not isinstance(waba_id, str) or len(waba_id) > MAX_ID:
-        waba_id = None
+    waba_id = (_text(body, "wabaId", "") if strict
+               else storable_text(body.get("wabaId"), MAX_ID))
     return {
         "waba_id": waba_id,
         "phone_number_id": meta.phone_number_id,
@@ -355,13 +352,7 @@ def unstorable_chat(raw: bytes, meta: DeliveryMeta, error: BodyError) -> ChatDel
     kind = storable_text(body.get("type"), 64)
     message_id = storable_text(_findable_message_id(body), MAX_ID)
     facts = {
-        "waba_id": storable_text(body.get("wabaId"), MAX_ID),
-        "phone_number_id": meta.phone_number_id,
-        "delivery_id": meta.delivery_id,
-        "delivery_id_unusable": meta.delivery_id_unusable,
-        "attempt": meta.attempt,
-        "user_agent": meta.user_agent,
-        "content_sha256": digest,
+        **_common(body, meta, digest, strict=False),
         "recognised": False,
         "malformed": True,
         "unstorable": True,
