@@ -27,7 +27,7 @@ from ledger import NewEvent
 from ledger.store import append_in
 from projections.projector import catch_up
 from reconcile import store
-from reconcile.checks import decide, settle
+from reconcile.checks import Local, Verdict, decide, settle
 from reconcile.client import Lookup
 from reconcile.findings import (
     checked_event,
@@ -185,33 +185,21 @@ class Reconciler:
         recoveries: list[tuple[int, str, str]] = []
         for d, lookup in zip(due, lookups, strict=True):
             key = (d.subject, d.reference)
-            local = views[key]
-            window = cfg.window if d.subject == "collection" else cfg.payout_window
-            verdict = decide(local, lookup, now=now, window=window)
-            checked = checked_event(d.subject, lookup, verdict.result, result.pass_id, now)
-            events.append(checked)
-            if verdict.recover is not None:
-                recoveries.append((len(events), d.subject, d.reference))
-                events.append(recovered_event(d.subject, verdict.recover, result.pass_id, now,
-                                              cfg.zone, reference=d.reference))
-            for found in verdict.detect:
-                events.append(detected_event(d.subject, d.reference, found, result.pass_id,
-                                             checked.dedupe_key, now))
-                result.detected.append({"kind": found.kind, "subject": d.subject,
-                                        "reference": d.reference, "detail": found.detail,
-                                        "amount_at_risk": found.amount_at_risk})
-            open_kinds = {o.id: o.kind for o in local.open}
-            for discrepancy_id, reason in verdict.resolve:
-                events.append(resolved_event(discrepancy_id, d.subject, d.reference, reason,
-                                             result.pass_id, now))
-                result.resolved.append({"kind": open_kinds.get(discrepancy_id, "?"),
-                                        "subject": d.subject, "reference": d.reference,
-                                        "reason": reason})
-            result.results[verdict.result] += 1
-            if lookup.error:
-                result.errors[lookup.error] += 1
             tries = previous.get(key, 0)
             backoff = min(cfg.retry_cap, cfg.retry_base * (2 ** min(tries, 16)))
+            sizes = (len(events), len(recoveries), len(result.detected), len(result.resolved))
+            try:
+                verdict = self._judge(d, lookup, views[key], events, recoveries, result, now)
+            except Exception:  # one subject's bug must not stop the others
+                # its findings so far are dropped whole; it is asked again after a backoff
+                del events[sizes[0]:], recoveries[sizes[1]:]
+                del result.detected[sizes[2]:], result.resolved[sizes[3]:]
+                log.exception("reconcile.subject_failed", subject=d.subject,
+                              reference=d.reference)
+                result.errors["internal"] += 1
+                marks.append((d.subject, d.reference, now, positions[key], now + backoff,
+                              "error", result.pass_id))
+                continue
             next_at = None if verdict.settled else now + backoff
             marks.append((d.subject, d.reference, now, positions[key], next_at,
                           verdict.result, result.pass_id))
@@ -230,6 +218,38 @@ class Reconciler:
                         self._observer.recovered(subject, 1)
             await store.mark_checked(conn, marks)
         result.checked += len(due)
+
+    def _judge(self, d: store.Due, lookup: Lookup, local: Local, events: list[NewEvent],
+               recoveries: list[tuple[int, str, str]], result: PassResult,
+               now: datetime) -> Verdict:
+        """One subject's verdict, its events appended to ``events`` (and a recovery's index
+        to ``recoveries``), its findings to ``result``."""
+        cfg = self.config
+        window = cfg.window if d.subject == "collection" else cfg.payout_window
+        verdict = decide(local, lookup, now=now, window=window)
+        checked = checked_event(d.subject, lookup, verdict.result, result.pass_id, now)
+        events.append(checked)
+        if verdict.recover is not None:
+            recoveries.append((len(events), d.subject, d.reference))
+            events.append(recovered_event(d.subject, verdict.recover, result.pass_id, now,
+                                          cfg.zone, reference=d.reference))
+        for found in verdict.detect:
+            events.append(detected_event(d.subject, d.reference, found, result.pass_id,
+                                         checked.dedupe_key, now))
+            result.detected.append({"kind": found.kind, "subject": d.subject,
+                                    "reference": d.reference, "detail": found.detail,
+                                    "amount_at_risk": found.amount_at_risk})
+        open_kinds = {o.id: o.kind for o in local.open}
+        for discrepancy_id, reason in verdict.resolve:
+            events.append(resolved_event(discrepancy_id, d.subject, d.reference, reason,
+                                         result.pass_id, now))
+            result.resolved.append({"kind": open_kinds.get(discrepancy_id, "?"),
+                                    "subject": d.subject, "reference": d.reference,
+                                    "reason": reason})
+        result.results[verdict.result] += 1
+        if lookup.error:
+            result.errors[lookup.error] += 1
+        return verdict
 
     async def _settle(self, conn: store.Connection, result: PassResult,
                       now: datetime) -> None:

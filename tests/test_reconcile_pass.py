@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import asyncio
 from decimal import Decimal
+from typing import Any
 
+import pytest
+
+from reconcile import runner
 from sandbox.faults import FaultSettings
 from sandbox.runner import running_sandbox
 from tests.reconcile_helpers import (
@@ -251,3 +255,28 @@ def test_an_answer_about_another_reference_is_an_error_and_recovers_nothing(
     assert result.recovered == [] and result.errors == {"mapping": 1}
     assert rows(db_url, "SELECT count(*) FROM hookledger.payments") == [(0,)]
     assert rows(db_url, "SELECT resolved FROM hookledger.expectations") == [(False,)]
+
+
+def test_a_bug_judging_one_subject_never_stops_the_others(
+        db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever a record holds that no rule foresaw, the rest of the chunk is still checked
+    and recovered, and the failing subject is asked again after a backoff."""
+    real = runner.decide
+
+    def failing_on_one(local: Any, lookup: Any, **kwargs: Any) -> Any:
+        if local.reference == "BUG-1":
+            raise ValueError("no rule foresaw this record")
+        return real(local, lookup, **kwargs)
+
+    monkeypatch.setattr(runner, "decide", failing_on_one)
+    state = CountingState()
+    for ref in ("BUG-1", "OK-1"):
+        state.record_general(body("payment.confirmed", 91000, reference=ref, amount=100))
+        expect(db_url, ref, "collection", 100)
+    with running_sandbox(state=state) as api:
+        result = reconcile(db_url, api.url)
+    assert result.recovered == ["OK-1"] and result.errors == {"internal": 1}
+    assert discrepancies(db_url) == [("missing_webhook", "collection", "OK-1", Decimal(100))]
+    assert rows(db_url, "SELECT reference, last_result, coalesce(next_check_at > now(), false) "
+                        "FROM hookledger_private.reconcile_subjects ORDER BY reference") == [
+        ("BUG-1", "error", True), ("OK-1", "recovered", False)]
