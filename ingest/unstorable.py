@@ -34,10 +34,16 @@ def lenient_object(raw: bytes) -> dict[str, Any]:
     """What Python's own reader makes of the body (the last of duplicate keys wins), or
     an empty object when even that fails: only used to find a reference to file it under."""
     try:
-        value = json.loads(raw.decode("utf-8"), parse_float=Decimal, parse_int=Decimal)
+        value = json.loads(raw.decode("utf-8"), parse_float=Decimal, parse_int=_integer)
     except (ValueError, RecursionError):
         return {}
     return value if isinstance(value, dict) else {}
+
+
+def _integer(text: str) -> int | Decimal:
+    """An ``int`` as strict reading gives (a number-typed id compares as one), or a
+    ``Decimal`` past the digits Python's ``int()`` accepts."""
+    return int(text) if len(text) <= 4000 else Decimal(text)
 
 
 def storable_text(value: Any, limit: int) -> str | None:

@@ -15,6 +15,7 @@ from ingest.chat_body import (
     delivery_id_unusable,
     read_chat,
     read_chat_or_malformed,
+    unstorable_chat,
 )
 from ingest.errors import BodyError
 from ingest.json_body import parse_object
@@ -232,3 +233,18 @@ def test_the_urls_number_sent_as_a_json_number_is_kept_malformed_not_refused() -
     body = {**inbound(), "phoneNumberId": int(PHONE)}
     assert refused(body) == "invalid_field"
     assert read_chat_or_malformed(body, META).event_type == "chat.malformed"
+
+
+def test_a_body_jsonb_cannot_hold_is_kept_unless_it_names_another_number() -> None:
+    raw = b'{"type": "message", "phoneNumberId": %s, "message": {"id": "w.1", "x": "\\u0000"}}'
+    meta = DeliveryMeta(PHONE, delivery_id="d-9")
+    try:
+        parse_object(raw % PHONE.encode())
+    except BodyError as exc:
+        kept = unstorable_chat(raw % PHONE.encode(), meta, exc)
+    assert (kept.facts["reason"], kept.facts["message_id"]) == ("nul_character", "w.1")
+    assert kept.dedupe_key == "chat:delivery:d-9"
+    for other in (b"2000000002", b'"2000000002"'):  # as a JSON number or as text
+        with pytest.raises(BodyError) as caught:
+            unstorable_chat(raw % other, meta, BodyError("nul_character", "a NUL"))
+        assert caught.value.reason == "phone_number_mismatch"
