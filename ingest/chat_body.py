@@ -319,23 +319,10 @@ def read_chat_or_malformed(body: Mapping[str, Any], meta: DeliveryMeta, *,
 
 
 def _malformed(body: Mapping[str, Any], meta: DeliveryMeta, error: BodyError) -> ChatDelivery:
-    digest = content_sha256(body)
     kind = body.get("type")
-    message_id = _findable_message_id(body)
-    facts = {
-        **_common(body, meta, digest, strict=False),
-        "recognised": False,
-        "malformed": True,
-        "reason": error.reason,
-        "detail": error.detail,
-        "subject": "chat",
-        "kind": kind[:64] if isinstance(kind, str) else None,
-        "message_id": message_id,
-    }
-    stream = (f"chat-message:{message_id}" if message_id
-              else f"chat-malformed:{meta.phone_number_id}")
-    return ChatDelivery(MALFORMED_EVENT_TYPE, stream, dedupe_key(meta.delivery_id, digest),
-                        None, facts)
+    return _kept_malformed(body, meta, error, content_sha256(body),
+                           kind[:64] if isinstance(kind, str) else None,
+                           _findable_message_id(body))
 
 
 def unstorable_chat(raw: bytes, meta: DeliveryMeta, error: BodyError) -> ChatDelivery:
@@ -348,14 +335,21 @@ def unstorable_chat(raw: bytes, meta: DeliveryMeta, error: BodyError) -> ChatDel
     except BodyError as exc:
         if exc.reason == "phone_number_mismatch":
             raise
-    digest = raw_digest(raw)
-    kind = storable_text(body.get("type"), 64)
-    message_id = storable_text(_findable_message_id(body), MAX_ID)
+    return _kept_malformed(body, meta, error, raw_digest(raw),
+                           storable_text(body.get("type"), 64),
+                           storable_text(_findable_message_id(body), MAX_ID),
+                           unstorable=True)
+
+
+def _kept_malformed(body: Mapping[str, Any], meta: DeliveryMeta, error: BodyError,
+                    digest: str, kind: str | None, message_id: str | None, *,
+                    unstorable: bool = False) -> ChatDelivery:
+    """A ``chat.malformed`` event, filed with its message when its id can be found."""
     facts = {
         **_common(body, meta, digest, strict=False),
         "recognised": False,
         "malformed": True,
-        "unstorable": True,
+        **({"unstorable": True} if unstorable else {}),
         "reason": error.reason,
         "detail": error.detail,
         "subject": "chat",

@@ -278,24 +278,9 @@ def malformed_key(body: dict[str, Any]) -> str:
 
 
 def _malformed(body: dict[str, Any], error: BodyError) -> GeneralDelivery:
-    key = malformed_key(body)
     event = body.get("event")
-    reference = _usable_reference(body)
-    facts = {
-        "recognised": False,
-        "malformed": True,
-        "reason": error.reason,
-        "detail": error.detail,
-        "event": event if isinstance(event, str) else None,
-        "subject": GENERAL_EVENTS[event][1] if isinstance(event, str) and event in
-        GENERAL_EVENTS else None,
-        "reference": reference,
-    }
-    subject = facts["subject"]
-    # filed with the payment (or invoice...) it is about, so its story stays in one stream
-    stream = (f"{subject}:{reference}" if subject and reference
-              else f"malformed:{reference or key[18:34]}")
-    return GeneralDelivery(MALFORMED_EVENT_TYPE, stream, key, None, facts)
+    return _kept_malformed(malformed_key(body), error, event if isinstance(event, str) else None,
+                           _usable_reference(body))
 
 
 # the per-URL field, as text: a signature value holds no quote or backslash
@@ -308,23 +293,30 @@ def unstorable_general(raw: bytes, error: BodyError) -> GeneralDelivery:
     blanked: the same delivery through each of the three URLs is one event, as
     :func:`malformed_key` makes it for readable bodies."""
     body = lenient_object(raw)
-    event = storable_text(body.get("event"), MAX_TEXT)
-    subject = GENERAL_EVENTS[event][1] if event in GENERAL_EVENTS else None
-    reference = storable_text(body.get("reference"), MAX_TEXT)
     unsigned = _PAYLOAD_SIGNATURE.sub(b'"payloadSignature":""', raw)
-    key = "general:malformed:raw:" + raw_digest(unsigned)
+    return _kept_malformed("general:malformed:raw:" + raw_digest(unsigned), error,
+                           storable_text(body.get("event"), MAX_TEXT),
+                           storable_text(body.get("reference"), MAX_TEXT), unstorable=True)
+
+
+def _kept_malformed(key: str, error: BodyError, event: str | None, reference: str | None, *,
+                    unstorable: bool = False) -> GeneralDelivery:
+    """A ``general.malformed`` event, filed with the payment (or invoice...) it is about
+    when event and reference can be read, so its story stays in one stream."""
+    subject = GENERAL_EVENTS[event][1] if event in GENERAL_EVENTS else None
     facts = {
         "recognised": False,
         "malformed": True,
-        "unstorable": True,
+        **({"unstorable": True} if unstorable else {}),
         "reason": error.reason,
         "detail": error.detail,
         "event": event,
         "subject": subject,
         "reference": reference,
     }
+    digest = key.rsplit(":", 1)[1]
     stream = (f"{subject}:{reference}" if subject and reference
-              else f"malformed:{reference or key[22:38]}")
+              else f"malformed:{reference or digest[:16]}")
     return GeneralDelivery(MALFORMED_EVENT_TYPE, stream, key, None, facts)
 
 
