@@ -125,14 +125,14 @@ def decide(local: Local, lookup: Lookup, *, now: datetime, window: timedelta) ->
     recover: ProviderRecord | None = None
     ours = local.outcome
     later = SUCCESSORS.get(local.subject, {}).get(ours or "", frozenset())
-    if (ours is None or ours not in TERMINAL or record.outcome in later) \
-            and (local.subject, record.outcome) not in RECOVERY_EVENT:
+    behind = ours is None or ours not in TERMINAL or record.outcome in later
+    if behind and (local.subject, record.outcome) not in RECOVERY_EVENT:
         found.append(Detection(  # no webhook carries this state: nothing to fold it as
             "status_mismatch",
             f"the provider reports {record.status} ({record.outcome}) for {local.subject} "
             f"{local.reference}, a state no {local.subject} webhook carries; not recovered, "
             f"to be checked by a person", _risk(local.amount, record.amount), facts))
-    elif ours is None or ours not in TERMINAL or record.outcome in later:
+    elif behind:  # the provider knows a state our webhooks never brought
         recover = record
         known = "no webhook" if ours is None else f"only {ours} by webhook"
         found.append(Detection(
