@@ -100,13 +100,13 @@ def _serve_workers(settings: Settings, url: str, started: float) -> None:
     database URL handed down, and only ingests (reconciliation elects one leader among them,
     as among separate ``serve`` processes).
     """
-    import gc
     import os
 
     import uvicorn
     from uvicorn.supervisors import Multiprocess
 
     from hookledger.app import PROJECTOR_NAME_VARIABLE, live_projector
+    from hookledger.gc_tuning import tuned_for_serving
     from projections.live import ProjectorThread, application_name
 
     os.environ["HOOKLEDGER_DATABASE_URL"] = url
@@ -123,9 +123,9 @@ def _serve_workers(settings: Settings, url: str, started: float) -> None:
     # the workers only answer; folding runs here, beside the supervisor, off their loops
     projector = ProjectorThread(live_projector(settings, url, projector_name))
     projector.start()
-    gc.freeze()  # as in each worker (hookledger.app): start-up objects are never rescanned
     try:
-        Multiprocess(config, sockets=[sock]).run()
+        with tuned_for_serving():  # as in each worker (hookledger.app), for the projector
+            Multiprocess(config, sockets=[sock]).run()
     finally:
         projector.stop()
 

@@ -12,6 +12,7 @@ import httpx
 import psycopg
 import pytest
 
+from hookledger.gc_tuning import GEN0_THRESHOLD
 from tests.general_events import SPEC_EVENTS, encode, general_body
 from tests.live import running_service
 from tests.signing import general_header
@@ -203,11 +204,19 @@ def test_the_answer_is_json_with_the_position(service: str, db_url: str) -> None
     assert rows(db_url, "SELECT position FROM hookledger.ledger") == [(position,)]
 
 
-def test_start_up_objects_are_exempt_from_full_collections_while_serving(db_url: str) -> None:
+def test_the_collector_is_tuned_while_serving_and_restored_after(db_url: str) -> None:
     """A full collection over the ~100k objects built at start-up paused a worker for tens
-    of milliseconds under load; frozen, they are not rescanned, and released at shutdown."""
+    of milliseconds under load; frozen, they are not rescanned, and released at shutdown.
+    Generation 0 is collected less often while serving (see hookledger.gc_tuning), and the
+    process's own setting is back once the service stops."""
     assert gc.get_freeze_count() == 0
-    with running_service(db_url, general_secrets="primary=whsec-primary-1"):
+    before = gc.get_threshold()
+    with running_service(db_url, general_secrets="primary=whsec-primary-1") as service:
         frozen = gc.get_freeze_count()
+        serving = gc.get_threshold()
+        raw = encode(general_body("payment.confirmed", 5, reference="R-GC"))
+        assert post(service, "primary", raw, secret="whsec-primary-1").status_code == 200
     assert frozen > 10_000
+    assert serving == (max(GEN0_THRESHOLD, before[0]), *before[1:])
     assert gc.get_freeze_count() == 0
+    assert gc.get_threshold() == before
