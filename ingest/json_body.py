@@ -78,20 +78,22 @@ def _check_text(text: str) -> None:
             raise BodyError("invalid_unicode", "a string holds a lone surrogate") from exc
 
 
+# One decoder for every body: json.loads with hooks builds a new one per call, a sixth of
+# a 1 KB body's parse (measured). It keeps no state between calls.
+_DECODER = json.JSONDecoder(object_pairs_hook=_pairs, parse_float=_decimal,
+                            parse_int=_integer, parse_constant=_reject_constant)
+
+
 def parse_object(raw: bytes) -> tuple[dict[str, Any], str]:
     """Parse a body that must be one JSON object; return it and the body as text."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise BodyError("invalid_utf8", f"not UTF-8 at byte {exc.start}") from exc
+    if text.startswith("\ufeff"):  # as json.loads would say; the decoder alone would not
+        raise BodyError("invalid_json", "Unexpected UTF-8 BOM (decode using utf-8-sig)")
     try:
-        value = json.loads(
-            text,
-            object_pairs_hook=_pairs,
-            parse_float=_decimal,
-            parse_int=_integer,
-            parse_constant=_reject_constant,
-        )
+        value = _DECODER.decode(text)
     except BodyError:
         raise
     except RecursionError as exc:

@@ -159,6 +159,7 @@ def test_a_well_formed_event_is_read_the_same_either_way() -> None:
     (b'"text"', "not_an_object"),
     (b"{", "invalid_json"),
     (b"", "invalid_json"),
+    (b"\xef\xbb\xbf{\"a\": 1}", "invalid_json"),  # a byte order mark, as json.loads says
     (b'{"a": NaN}', "invalid_json"),
     (b'{"a": Infinity}', "invalid_json"),
     (b'{"a": 1, "a": 2}', "duplicate_json_key"),
