@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -30,6 +33,13 @@ def test_every_benchmark_runs_at_smoke_size_and_counts_what_it_acknowledged(
     assert {load["label"].split(" (")[0] for load in ingest["loads"]} >= {
         "bare endpoint", "hookledger"}
     assert all(load["ok"] > 0 for load in ingest["loads"])
+    # the saturating loads alternate for two rounds; each ratio pairs one round's runs
+    saturating = [load for load in ingest["loads"] if "rounds" in load]
+    assert len(saturating) == 2 and all(len(load["rounds"]) == 2 for load in saturating)
+    assert all(sum(r["ok"] for r in load["rounds"]) == load["ok"] for load in saturating)
+    assert len(ingest["ratio_rounds"]) == 2
+    assert ingest["ratio_vs_bare"] == pytest.approx(
+        statistics.median(ingest["ratio_rounds"]), abs=0.011)
     for name, (stored, acknowledged) in ingest["checks"].items():
         assert acknowledged > 0 and stored >= acknowledged, name
     assert ingest["ready_seconds"] > 0 and ingest["memory"]["peak_rss_mib"] > 0
