@@ -90,3 +90,25 @@ def test_a_payment_with_several_open_discrepancies_is_at_risk_once() -> None:
         "status_mismatch": "10000", "unresolved": "0"}
     assert [s["amount_at_risk_open"] for s in report["by_service"]] == ["10500"]
     assert report["aging"][0] == {"bucket": "<1h", "open": 5, "amount_at_risk": "10500"}
+
+
+def test_money_at_risk_counts_each_payment_once_as_the_reports_do(db_url: str) -> None:
+    """A-1 holds an amount mismatch (the provider's 1,000 against the webhook's 1,250) and,
+    once a failure arrives beside its success, a conflict too: in the money_at_risk view it
+    is one row, and the view's sum is the reports' total where the discrepancies view's
+    plain sum counts A-1 twice."""
+    faulty_scenario(db_url)
+    deliver(db_url, "payment.failed", 91052, reference="A-1", amount=0, status="FAILED",
+            transaction_id="-1")
+    [(kinds, count)] = rows(db_url, "SELECT kinds, open_discrepancies "
+                                    "FROM hookledger.money_at_risk WHERE reference = 'A-1'")
+    assert count == 2 and "conflicting_events" in kinds and "amount_mismatch" in kinds
+    report = asyncio.run(report_for(db_url))
+    [(view_total,)] = rows(db_url, "SELECT sum(amount_at_risk) FROM hookledger.money_at_risk")
+    assert view_total == Decimal(report["totals"]["amount_at_risk_open"])
+    [(plain_sum,)] = rows(db_url, "SELECT sum(amount_at_risk) FROM hookledger.discrepancies "
+                                  "WHERE status = 'open'")
+    assert plain_sum > view_total
+    assert rows(db_url, "SELECT count(*) FROM hookledger.money_at_risk") == rows(
+        db_url, "SELECT count(DISTINCT (subject, reference)) FROM hookledger.discrepancies "
+                "WHERE status = 'open'")

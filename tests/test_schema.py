@@ -14,7 +14,7 @@ from hookledger.schema import PRIVATE_SCHEMA, metadata
 
 CONTRACT_VIEWS_SO_FAR = {"ledger", "rejected_deliveries", "payments", "payouts", "invoices",
                          "sms_messages", "chat_threads", "chat_messages", "discrepancies",
-                         "expectations"}
+                         "expectations", "money_at_risk"}
 
 
 def test_migrations_applied_to_an_empty_database_match_the_declared_schema(
