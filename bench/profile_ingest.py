@@ -44,7 +44,7 @@ TICKS = os.sysconf("SC_CLK_TCK")
 
 def cpu_by_group(serve_pid: int) -> dict[str, float]:
     """CPU seconds used so far by each group of processes on this machine."""
-    groups: collections.Counter[str] = collections.Counter()
+    groups: collections.defaultdict[str, float] = collections.defaultdict(float)
     serve = {serve_pid, *children(serve_pid)}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
