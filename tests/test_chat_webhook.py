@@ -258,7 +258,8 @@ def test_a_known_type_with_unreadable_fields_is_kept_flagged_and_reported(
                       headers={"x-service-delivery-id": "dlv-bad-1"})
         assert answer.status_code == 200, answer.text
     [(event_type, stored, facts, stream)] = rows(
-        db_url, "SELECT event_type, raw_body, facts, stream FROM hookledger.ledger")
+        db_url, "SELECT event_type, raw_body, facts, stream FROM hookledger.ledger "
+                "WHERE source = 'chat'")  # not the projector's discrepancy for it
     assert (event_type, bytes(stored), stream) == ("chat.malformed", raw,
                                                    "chat-message:wamid.BAD")
     assert (facts["reason"], facts["malformed"], facts["kind"]) == ("invalid_field", True,
@@ -296,7 +297,8 @@ def test_a_chat_body_jsonb_cannot_hold_is_kept_by_its_raw_bytes_unless_for_anoth
     assert [a.status_code for a in answers] == [200, 200], answers[0].text
     assert [a.json()["duplicate"] for a in answers] == [False, True]
     [(event_type, stored, facts, stream)] = rows(
-        db_url, "SELECT event_type, raw_body, facts, stream FROM hookledger.ledger")
+        db_url, "SELECT event_type, raw_body, facts, stream FROM hookledger.ledger "
+                "WHERE source = 'chat'")  # not the projector's discrepancy for it
     assert (event_type, bytes(stored), stream) == ("chat.malformed", raw,
                                                    "chat-message:wamid.HALF")
     assert (facts["reason"], facts["unstorable"], facts["kind"]) == (

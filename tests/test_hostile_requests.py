@@ -76,7 +76,8 @@ def test_a_signed_object_jsonb_cannot_hold_is_kept_by_its_raw_bytes_and_reported
     assert answer.status_code == 200, answer.text
     assert answer.json()["duplicate"] is False
     [(event_type, stored, payload, facts, stream)] = rows(
-        db_url, "SELECT event_type, raw_body, payload, facts, stream FROM hookledger.ledger")
+        db_url, "SELECT event_type, raw_body, payload, facts, stream FROM hookledger.ledger "
+                "WHERE source = 'general'")  # not the projector's discrepancy for it
     assert (event_type, bytes(stored)) == ("general.malformed", raw)
     assert payload["unstorable"] is True and payload["reason"] == reason
     assert (facts["reason"], facts["reference"]) == (reason, reference)
