@@ -18,21 +18,38 @@ few of. Two settings keep it from working for nothing:
 from __future__ import annotations
 
 import gc
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 GEN0_THRESHOLD = 20_000
 
+# The collector's settings belong to the process, and tests run several services in one:
+# the first to start saves them, the last to stop restores them, whatever the order.
+_lock = threading.Lock()
+_serving = 0
+_saved: tuple[int, int, int] = (0, 0, 0)
+
 
 @contextmanager
 def tuned_for_serving() -> Iterator[None]:
-    """Freeze what exists now and collect generation 0 less often; undo both on exit, so
-    nothing is pinned, and nothing else in the process is changed, past the service."""
-    previous = gc.get_threshold()
-    gc.freeze()
-    gc.set_threshold(max(GEN0_THRESHOLD, previous[0]), *previous[1:])
+    """Freeze what exists now and collect generation 0 less often; undone when the last
+    service of the process stops, so nothing is pinned, and nothing else in the process is
+    changed, past the service. A process that turned automatic collection off (threshold 0)
+    keeps it off."""
+    global _serving, _saved
+    with _lock:
+        if _serving == 0:
+            _saved = gc.get_threshold()
+            gen0, *older = _saved
+            gc.set_threshold(gen0 and max(GEN0_THRESHOLD, gen0), *older)
+        _serving += 1
+        gc.freeze()
     try:
         yield
     finally:
-        gc.set_threshold(*previous)
-        gc.unfreeze()
+        with _lock:
+            _serving -= 1
+            if _serving == 0:
+                gc.set_threshold(*_saved)
+                gc.unfreeze()
