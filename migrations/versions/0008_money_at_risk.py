@@ -1,4 +1,4 @@
-"""The contract view ``hookledger.money_at_risk``: open money at risk, each payment once.
+"""The view ``hookledger.money_at_risk`` (an addition to the contract's views): open money at risk, each payment once.
 
 One payment can hold several open discrepancies at once (a conflict, a contradicting code
 and a mismatch), each naming the same money; a plain ``sum(amount_at_risk)`` over
