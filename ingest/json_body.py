@@ -52,10 +52,10 @@ def _check(value: Any, depth: int) -> None:
     if depth > MAX_DEPTH:
         raise BodyError("too_deep", f"nested deeper than {MAX_DEPTH}")
     if isinstance(value, str):
-        _check_text(value)
+        check_text(value)
     elif isinstance(value, dict):
         for key, item in value.items():
-            _check_text(key)
+            check_text(key)
             _check(item, depth + 1)
     elif isinstance(value, list):
         for item in value:
@@ -68,7 +68,8 @@ def _check(value: Any, depth: int) -> None:
             raise BodyError("number_out_of_range", "a number is out of range")
 
 
-def _check_text(text: str) -> None:
+def check_text(text: str) -> None:
+    """Refuse text ``jsonb`` cannot hold: a NUL character or a lone surrogate."""
     if "\x00" in text:
         raise BodyError("nul_character", "a string holds a NUL character")
     if not text.isascii():

@@ -19,6 +19,7 @@ from decimal import Decimal
 from typing import Any
 
 from ingest.errors import BodyError
+from ingest.json_body import check_text
 from ledger.jsonenc import dumps
 
 # strict-reading reasons for a body that is a JSON object all the same
@@ -49,12 +50,11 @@ def _integer(text: str) -> int | Decimal:
 def storable_text(value: Any, limit: int) -> str | None:
     """``value`` if it is non-blank text of at most ``limit`` characters that ``jsonb`` can
     hold (no NUL, no lone surrogate); else None."""
-    if not isinstance(value, str) or not value.strip() or len(value) > limit \
-            or "\x00" in value:
+    if not isinstance(value, str) or not value.strip() or len(value) > limit:
         return None
     try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
+        check_text(value)
+    except BodyError:
         return None
     return value
 
