@@ -506,12 +506,7 @@ def measure(seconds: float, connections: int, scale_events: int, fixed_rate: int
         "ready_seconds": round(ready_seconds(), 2),
         "generator": "wrk" if use_wrk else "loadgen", "connections": connections,
         "seconds": seconds, "body_bytes": len(delivery("HM", 0)),
-        "loads": [{"label": r.label, "requests": r.requests, "ok": r.ok,
-                   "req_per_s": round(r.rate), "p50_ms": round(r.p50_ms, 2),
-                   "p99_ms": round(r.p99_ms, 2), "max_ms": round(r.max_ms, 2),
-                   "generator": r.generator, **r.extra,
-                   **({"rounds": [_round(x) for x in r.rounds]} if r.rounds else {})}
-                  for r in rows],
+        "loads": [_figures(r) for r in rows],
         "ratio_vs_bare": round(statistics.median(ratios), 2) if ratios else 0.0,
         "ratio_rounds": [round(x, 2) for x in ratios],
         "checks": checks, "memory": memory,
@@ -521,9 +516,13 @@ def measure(seconds: float, connections: int, scale_events: int, fixed_rate: int
     return figures
 
 
-def _round(load: Load) -> dict[str, Any]:
-    return {"req_per_s": round(load.rate), "p50_ms": round(load.p50_ms, 2),
-            "p99_ms": round(load.p99_ms, 2), "ok": load.ok, **load.extra}
+def _figures(load: Load) -> dict[str, Any]:
+    """A load as JSON; a median row carries its rounds, each the same way."""
+    return {"label": load.label, "requests": load.requests, "ok": load.ok,
+            "req_per_s": round(load.rate), "p50_ms": round(load.p50_ms, 2),
+            "p99_ms": round(load.p99_ms, 2), "max_ms": round(load.max_ms, 2),
+            "generator": load.generator, **load.extra,
+            **({"rounds": [_figures(x) for x in load.rounds]} if load.rounds else {})}
 
 
 def print_table(figures: dict[str, Any]) -> None:
