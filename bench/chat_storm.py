@@ -17,6 +17,7 @@ import json
 import os
 import platform
 import random
+import shutil
 import socket
 import subprocess
 import sys
@@ -160,6 +161,7 @@ def main() -> None:
             proc.terminate()
             proc.wait(timeout=30)
         server.stop()
+        shutil.rmtree(home, ignore_errors=True)  # the cluster is this run's own
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
     lat = result["latency_ms"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -71,6 +72,8 @@ def fresh_database() -> Iterator[str]:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         if server is not None:
             server.stop()
+        if home is not None:  # the cluster is the bench's own: a 5M-event run leaves GBs
+            shutil.rmtree(home, ignore_errors=True)
 
 
 def write_results(name: str, figures: dict[str, Any]) -> Path:

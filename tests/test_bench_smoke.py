@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,12 +21,24 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture
+def bench_tmpdir() -> Iterator[Path]:
+    """A short, world-traversable TMPDIR: the embedded server's socket path must fit in
+    ``sun_path``, and under root the server runs as its own OS user."""
+    folder = Path(tempfile.mkdtemp(prefix="hl-bench-"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def test_every_benchmark_runs_at_smoke_size_and_counts_what_it_acknowledged(
-        tmp_path: Path) -> None:
-    env = {**os.environ, "HOOKLEDGER_BENCH_RESULTS": str(tmp_path)}
+        tmp_path: Path, bench_tmpdir: Path) -> None:
+    env = {**os.environ, "HOOKLEDGER_BENCH_RESULTS": str(tmp_path), "TMPDIR": str(bench_tmpdir)}
     done = subprocess.run([sys.executable, "-m", "bench", "--smoke"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    # each benchmark removes the database cluster it made (a full run's is gigabytes)
+    assert sorted(p.name for p in bench_tmpdir.iterdir()) == []
     summary = json.loads((tmp_path / "summary.json").read_text())
     results = summary["results"]
     assert summary["machine"]["cpus"] > 0 and summary["machine"]["cpu"]
