@@ -1,5 +1,6 @@
 """Chat retry storm: many signed deliveries, each sent several times at once, against a real
-``hookledger serve`` process (embedded PostgreSQL, durable defaults).
+``hookledger serve`` process, on a fresh database like every benchmark (embedded PostgreSQL
+with durable defaults, or one on ``HOOKLEDGER_BENCH_DATABASE_URL``'s server).
 
     .venv/bin/python -m bench.chat_storm [--deliveries 1200] [--copies 4] [--concurrency 64]
 
@@ -17,24 +18,20 @@ import json
 import os
 import platform
 import random
-import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import psycopg
 
 from bench.common import RESULTS as COMMON_RESULTS
+from bench.common import fresh_database
 from bench.loadgen import post_request, run
-from hookledger import migrate
-from hookledger.embedded_postgres import EmbeddedPostgres
+from bench.projections_bench import free_port
 
 PHONE = "2557000001"
 SECRET = "bench-chat-secret-0123456789"
@@ -55,12 +52,6 @@ def _body(n: int) -> bytes:
                     "timestamp": str(int(time.time())), "type": "text",
                     "text": {"body": f"storm message {n}"}},
     }, separators=(",", ":")).encode()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _pct(sorted_ms: list[float], p: float) -> float:
@@ -111,26 +102,31 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     args = parser.parse_args()
 
-    home = Path(tempfile.mkdtemp(prefix="hookledger-chat-storm-"))
-    os.chmod(home, 0o755)
-    server = EmbeddedPostgres(home)
-    admin = server.start()
-    parts = urlsplit(admin)
-    name = f"chat_storm_{uuid.uuid4().hex[:8]}"
-    admin = urlunsplit((parts.scheme, parts.netloc, "/postgres", parts.query, ""))
-    url = urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, ""))
-    proc: subprocess.Popen[bytes] | None = None
+    with fresh_database() as url, \
+            tempfile.TemporaryDirectory(prefix="hookledger-chat-storm-") as home:
+        result = _measure(url, Path(home), args)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    lat = result["latency_ms"]
+    print(f"{result['requests']} requests ({args.deliveries} delivery ids x {args.copies}), "
+          f"concurrency {args.concurrency}, {result['elapsed_s']} s, "
+          f"{result['requests_per_s']} req/s, statuses {result['statuses']}")
+    print(f"latency ms: p50 {lat['p50']}  p95 {lat['p95']}  p99 {lat['p99']}  max {lat['max']}")
+    print(f"ledger events {result['ledger_events']} for {args.deliveries} distinct delivery "
+          f"ids ({'exactly once' if result['exactly_once'] else 'MISMATCH'})")
+    print(f"written to {RESULTS}")
+
+
+def _measure(url: str, home: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Run ``serve`` on ``url``, storm it, and count what the ledger kept."""
+    port = free_port()
+    env = {**os.environ, "HOOKLEDGER_DATABASE_URL": url, "HOOKLEDGER_PORT": str(port),
+           "HOOKLEDGER_HOME": str(home), "HOOKLEDGER_CHAT_SECRETS": f"{PHONE}={SECRET}",
+           "HOOKLEDGER_LOG_LEVEL": "warning", "HOOKLEDGER_LOG_FORMAT": "json"}
+    env.pop("HOOKLEDGER_API_BASE_URL", None)
+    proc = subprocess.Popen([sys.executable, "-m", "hookledger", "serve"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
-        migrate.upgrade(url)
-        port = _free_port()
-        env = {**os.environ, "HOOKLEDGER_DATABASE_URL": url, "HOOKLEDGER_PORT": str(port),
-               "HOOKLEDGER_HOME": str(home), "HOOKLEDGER_CHAT_SECRETS": f"{PHONE}={SECRET}",
-               "HOOKLEDGER_LOG_LEVEL": "warning", "HOOKLEDGER_LOG_FORMAT": "json"}
-        env.pop("HOOKLEDGER_API_BASE_URL", None)
-        proc = subprocess.Popen([sys.executable, "-m", "hookledger", "serve"], env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         base = f"http://127.0.0.1:{port}"
         _wait_ready(base, proc)
         started = time.perf_counter()
@@ -141,37 +137,26 @@ def main() -> None:
             events, distinct = conn.execute(
                 "SELECT count(*), count(DISTINCT dedupe_key) FROM hookledger.ledger "
                 "WHERE source = 'chat'").fetchone() or (0, 0)
-        ordered = sorted(latencies)
-        result: dict[str, Any] = {
-            "requests": len(latencies), "deliveries": args.deliveries,
-            "copies_per_delivery": args.copies, "concurrency": args.concurrency,
-            "statuses": {str(k): v for k, v in sorted(statuses.items())},
-            "elapsed_s": round(elapsed, 2),
-            "requests_per_s": round(len(latencies) / elapsed, 1),
-            "latency_ms": {"p50": _pct(ordered, 50), "p95": _pct(ordered, 95),
-                           "p99": _pct(ordered, 99), "max": round(ordered[-1], 2)},
-            "ledger_events": events, "distinct_delivery_ids": args.deliveries,
-            "distinct_dedupe_keys": distinct, "exactly_once": events == args.deliveries,
-            "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
-                        "platform": platform.platform()},
-            "database": "embedded PostgreSQL, durable defaults (fsync on)",
-        }
     finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(timeout=30)
-        server.stop()
-        shutil.rmtree(home, ignore_errors=True)  # the cluster is this run's own
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
-    lat = result["latency_ms"]
-    print(f"{result['requests']} requests ({args.deliveries} delivery ids x {args.copies}), "
-          f"concurrency {args.concurrency}, {result['elapsed_s']} s, "
-          f"{result['requests_per_s']} req/s, statuses {result['statuses']}")
-    print(f"latency ms: p50 {lat['p50']}  p95 {lat['p95']}  p99 {lat['p99']}  max {lat['max']}")
-    print(f"ledger events {events} for {args.deliveries} distinct delivery ids "
-          f"({'exactly once' if result['exactly_once'] else 'MISMATCH'})")
-    print(f"written to {RESULTS}")
+        proc.terminate()
+        proc.wait(timeout=30)
+    ordered = sorted(latencies)
+    return {
+        "requests": len(latencies), "deliveries": args.deliveries,
+        "copies_per_delivery": args.copies, "concurrency": args.concurrency,
+        "statuses": {str(k): v for k, v in sorted(statuses.items())},
+        "elapsed_s": round(elapsed, 2),
+        "requests_per_s": round(len(latencies) / elapsed, 1),
+        "latency_ms": {"p50": _pct(ordered, 50), "p95": _pct(ordered, 95),
+                       "p99": _pct(ordered, 99), "max": round(ordered[-1], 2)},
+        "ledger_events": events, "distinct_delivery_ids": args.deliveries,
+        "distinct_dedupe_keys": distinct, "exactly_once": events == args.deliveries,
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
+                    "platform": platform.platform()},
+        "database": ("HOOKLEDGER_BENCH_DATABASE_URL's server"
+                     if os.environ.get("HOOKLEDGER_BENCH_DATABASE_URL")
+                     else "embedded PostgreSQL, durable defaults (fsync on)"),
+    }
 
 
 if __name__ == "__main__":
