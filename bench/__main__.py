@@ -61,6 +61,11 @@ def load_goal(label: str, p99_ms: float) -> tuple[str, str]:
     return "", ""
 
 
+def disk_figures(disk: dict[str, Any]) -> str:
+    return (f"{disk['fsync_p99_ms']}/{disk['fsync_max_ms']}, "
+            f"{disk['stalls']} over {disk['stall_ms']} ms")
+
+
 def table(results: dict[str, Any]) -> list[Row]:
     """(figure, measured, goal, verdict) rows from whatever the benchmarks wrote."""
     rows: list[Row] = []
@@ -69,6 +74,9 @@ def table(results: dict[str, Any]) -> list[Row]:
         rows.append((f"{load['label']}: req/s, p50/p99 ms",
                      f"{load['req_per_s']:,}, {load['p50_ms']}/{load['p99_ms']}",
                      *load_goal(load["label"], load["p99_ms"])))
+        if "disk" in load:  # what a fixed-rate tail is read beside (bench/disk_probe.py)
+            rows.append(("  the disk meanwhile: fdatasync p99/max ms, stalls",
+                         disk_figures(load["disk"]), "", ""))
     if ingest:
         ratio = ingest["ratio_vs_bare"]
         rounds = ingest.get("ratio_rounds", [])

@@ -58,7 +58,8 @@ import psycopg
 
 from bench.bare_endpoint import TABLE_DDL
 from bench.common import fresh_database
-from bench.loadgen import percentile, post_request, run
+from bench.disk_probe import DiskFigures, DiskProbe
+from bench.loadgen import collector_paused, percentile, post_request, run
 from bench.projections_bench import free_port
 
 SECRET = "bench-secret"
@@ -138,6 +139,7 @@ class Load:
     generator: str
     extra: dict[str, Any] = field(default_factory=dict)
     rounds: list[Load] = field(default_factory=list)  # the runs a median row stands for
+    disk: DiskFigures | None = None  # the disk's fsync stalls while a fixed-rate load ran
 
     @property
     def rate(self) -> float:
@@ -181,14 +183,19 @@ def python_load(label: str, port: int, bodies: list[bytes], *, rate: float | Non
     if requests is None:
         requests = [post_request("127.0.0.1", PATH, raw,
                                  {"X-Service-Signature": signature(raw)}) for raw in bodies]
-    started = time.perf_counter()
-    answers = asyncio.run(run("127.0.0.1", port, requests, rate=rate, connections=connections))
-    seconds = time.perf_counter() - started
+    # a fixed rate's tail is read beside the disk's own stalls under it (bench/disk_probe.py)
+    probe = DiskProbe() if rate else None
+    with collector_paused(), probe or contextlib.nullcontext():
+        started = time.perf_counter()
+        answers = asyncio.run(run("127.0.0.1", port, requests, rate=rate,
+                                  connections=connections))
+        seconds = time.perf_counter() - started
     latencies = [a.latency for a in answers]
     ok = sum(1 for a in answers if 200 <= a.status < 300)
     return Load(label, len(answers), ok, seconds, percentile(latencies, 0.5) * 1000,
                 percentile(latencies, 0.99) * 1000, max(latencies) * 1000,
-                "loadgen (open loop)" if rate else "loadgen")
+                "loadgen (open loop)" if rate else "loadgen",
+                disk=probe.figures if probe else None)
 
 
 def wait_listening(port: int, timeout: float = 60) -> None:
@@ -522,7 +529,14 @@ def _figures(load: Load) -> dict[str, Any]:
             "req_per_s": round(load.rate), "p50_ms": round(load.p50_ms, 2),
             "p99_ms": round(load.p99_ms, 2), "max_ms": round(load.max_ms, 2),
             "generator": load.generator, **load.extra,
+            **({"disk": load.disk.as_json()} if load.disk else {}),
             **({"rounds": [_figures(x) for x in load.rounds]} if load.rounds else {})}
+
+
+def disk_summary(disk: dict[str, Any]) -> str:
+    """One line of a probe's figures (bench/disk_probe.py), for both tables."""
+    return (f"fdatasync p99 {disk['fsync_p99_ms']} ms, max {disk['fsync_max_ms']} ms, "
+            f"{disk['stalls']} over {disk['stall_ms']} ms")
 
 
 def print_table(figures: dict[str, Any]) -> None:
@@ -530,6 +544,8 @@ def print_table(figures: dict[str, Any]) -> None:
     for r in figures["loads"]:
         print(f"{r['label']:58} {r['req_per_s']:>8,} {r['p50_ms']:>8} {r['p99_ms']:>8} "
               f"{r['ok']:>9,}")
+        if "disk" in r:
+            print(f"  {'the disk meanwhile: ' + disk_summary(r['disk']):56}")
     rounds = ", ".join(f"{x}x" for x in figures.get("ratio_rounds", []))
     print(f"hookledger / bare endpoint: {figures['ratio_vs_bare']}x (rounds: {rounds})")
     if "scaled_vs_empty" in figures:

@@ -65,6 +65,12 @@ def test_every_benchmark_runs_at_smoke_size_and_counts_what_it_acknowledged(
     assert any(load["label"].startswith("hookledger chat at") for load in ingest["loads"])
     assert "ledger_vs_2xx_chat_fixed_rate" in ingest["checks"]
     assert ingest["postgresql"]
+    # every fixed-rate load is read beside the disk's fsync stalls under it; no other is
+    fixed = [load for load in ingest["loads"] if load["generator"] == "loadgen (open loop)"]
+    assert len(fixed) == 4  # bare and hookledger at the fixed rate, chat, the soak
+    assert all(load["disk"]["fsyncs"] > 0 for load in fixed)
+    assert not any("disk" in load for load in ingest["loads"] if load not in fixed)
+    assert sum(row[0].strip().startswith("the disk meanwhile") for row in summary["rows"]) == 4
 
     projections = results["projections"]
     assert projections["events"] == 3000 and projections["rebuild_events_per_s"] > 0
