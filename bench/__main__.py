@@ -77,6 +77,8 @@ def table(results: dict[str, Any]) -> list[Row]:
         if "disk" in load:  # what a fixed-rate tail is read beside (bench/disk_probe.py)
             rows.append(("  the disk meanwhile: fdatasync p99/max ms, stalls",
                          disk_figures(load["disk"]), "", ""))
+            rows.append(("  waiting for a free generator connection: p99 ms",
+                         str(load.get("queued_p99_ms")), "", ""))
     if ingest:
         ratio = ingest["ratio_vs_bare"]
         rounds = ingest.get("ratio_rounds", [])

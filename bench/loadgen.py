@@ -23,10 +23,18 @@ class Answer:
     due: float
     done: float
     status: int
+    sent: float = 0.0  # when a connection was free to write it (due, unless all were busy)
 
     @property
     def latency(self) -> float:
         return self.done - self.due
+
+    @property
+    def queued(self) -> float:
+        """How long it waited in the generator before being written (for a free
+        connection, or for the generator's own event loop): the part of its latency that
+        came from the generator, not the server."""
+        return max(0.0, self.sent - self.due)
 
 
 def post_request(host: str, path: str, body: bytes, headers: dict[str, str]) -> bytes:
@@ -75,11 +83,12 @@ async def run(host: str, port: int, requests: Sequence[bytes], *, rate: float | 
         try:
             while (item := await queue.get()) is not None:
                 index, due = item
+                sent = time.perf_counter()
                 if due is None:
-                    due = time.perf_counter()
+                    due = sent
                 writer.write(requests[index])
                 status = await _read_answer(reader)
-                answer = Answer(index, due, time.perf_counter(), status)
+                answer = Answer(index, due, time.perf_counter(), status, sent)
                 answers.append(answer)
                 if on_answer:
                     on_answer(answer)

@@ -69,6 +69,7 @@ def test_every_benchmark_runs_at_smoke_size_and_counts_what_it_acknowledged(
     fixed = [load for load in ingest["loads"] if load["generator"] == "loadgen (open loop)"]
     assert len(fixed) == 4  # bare and hookledger at the fixed rate, chat, the soak
     assert all(load["disk"]["fsyncs"] > 0 for load in fixed)
+    assert all(0 <= load["queued_p99_ms"] <= load["p99_ms"] for load in fixed)
     assert not any("disk" in load for load in ingest["loads"] if load not in fixed)
     assert sum(row[0].strip().startswith("the disk meanwhile") for row in summary["rows"]) == 4
 
