@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import RESULTS, machine
+from bench.disk_probe import described
 
 FULL: dict[str, list[str]] = {
     "ingest": [],
@@ -61,11 +62,6 @@ def load_goal(label: str, p99_ms: float) -> tuple[str, str]:
     return "", ""
 
 
-def disk_figures(disk: dict[str, Any]) -> str:
-    return (f"{disk['fsync_p99_ms']}/{disk['fsync_max_ms']}, "
-            f"{disk['stalls']} over {disk['stall_ms']} ms")
-
-
 def table(results: dict[str, Any]) -> list[Row]:
     """(figure, measured, goal, verdict) rows from whatever the benchmarks wrote."""
     rows: list[Row] = []
@@ -75,8 +71,7 @@ def table(results: dict[str, Any]) -> list[Row]:
                      f"{load['req_per_s']:,}, {load['p50_ms']}/{load['p99_ms']}",
                      *load_goal(load["label"], load["p99_ms"])))
         if "disk" in load:  # what a fixed-rate tail is read beside (bench/disk_probe.py)
-            rows.append(("  the disk meanwhile: fdatasync p99/max ms, stalls",
-                         disk_figures(load["disk"]), "", ""))
+            rows.append(("  the disk meanwhile", described(load["disk"]), "", ""))
             rows.append(("  waiting for a free generator connection: p99 ms",
                          str(load.get("queued_p99_ms")), "", ""))
     if ingest:

@@ -30,7 +30,7 @@ import psycopg
 
 from bench.common import RESULTS as COMMON_RESULTS
 from bench.common import fresh_database
-from bench.loadgen import post_request, run
+from bench.loadgen import percentile, post_request, run
 from bench.projections_bench import free_port
 
 PHONE = "2557000001"
@@ -52,11 +52,6 @@ def _body(n: int) -> bytes:
                     "timestamp": str(int(time.time())), "type": "text",
                     "text": {"body": f"storm message {n}"}},
     }, separators=(",", ":")).encode()
-
-
-def _pct(sorted_ms: list[float], p: float) -> float:
-    index = min(len(sorted_ms) - 1, max(0, round(p / 100 * len(sorted_ms)) - 1))
-    return round(sorted_ms[index], 2)
 
 
 async def _storm(base: str, deliveries: int, copies: int,
@@ -140,15 +135,16 @@ def _measure(url: str, home: Path, args: argparse.Namespace) -> dict[str, Any]:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    ordered = sorted(latencies)
     return {
         "requests": len(latencies), "deliveries": args.deliveries,
         "copies_per_delivery": args.copies, "concurrency": args.concurrency,
         "statuses": {str(k): v for k, v in sorted(statuses.items())},
         "elapsed_s": round(elapsed, 2),
         "requests_per_s": round(len(latencies) / elapsed, 1),
-        "latency_ms": {"p50": _pct(ordered, 50), "p95": _pct(ordered, 95),
-                       "p99": _pct(ordered, 99), "max": round(ordered[-1], 2)},
+        "latency_ms": {"p50": round(percentile(latencies, 0.50), 2),
+                       "p95": round(percentile(latencies, 0.95), 2),
+                       "p99": round(percentile(latencies, 0.99), 2),
+                       "max": round(max(latencies), 2)},
         "ledger_events": events, "distinct_delivery_ids": args.deliveries,
         "distinct_dedupe_keys": distinct, "exactly_once": events == args.deliveries,
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),

@@ -20,6 +20,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Any
+
+from bench.loadgen import percentile
 
 STALL_S = 0.020  # an fsync this slow is a stall: the whole p99 budget at 1,000 req/s
 
@@ -43,10 +46,15 @@ def summarise(durations_s: list[float]) -> DiskFigures:
     """Figures of the fsync durations (seconds) a probe recorded."""
     if not durations_s:
         return DiskFigures(0, 0.0, 0.0, 0)
-    ordered = sorted(durations_s)
-    p99 = ordered[min(len(ordered) - 1, max(0, round(0.99 * len(ordered)) - 1))]
-    return DiskFigures(len(ordered), round(p99 * 1000, 2), round(ordered[-1] * 1000, 2),
-                       sum(1 for d in ordered if d > STALL_S))
+    return DiskFigures(len(durations_s), round(percentile(durations_s, 0.99) * 1000, 2),
+                       round(max(durations_s) * 1000, 2),
+                       sum(1 for d in durations_s if d > STALL_S))
+
+
+def described(disk: dict[str, Any]) -> str:
+    """One line of :meth:`DiskFigures.as_json`'s figures, as both tables print them."""
+    return (f"fdatasync p99 {disk['fsync_p99_ms']} ms, max {disk['fsync_max_ms']} ms, "
+            f"{disk['stalls']} over {disk['stall_ms']} ms")
 
 
 class DiskProbe:

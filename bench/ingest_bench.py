@@ -58,7 +58,7 @@ import psycopg
 
 from bench.bare_endpoint import TABLE_DDL
 from bench.common import fresh_database
-from bench.disk_probe import DiskFigures, DiskProbe
+from bench.disk_probe import DiskFigures, DiskProbe, described
 from bench.loadgen import collector_paused, percentile, post_request, run
 from bench.projections_bench import free_port
 
@@ -537,19 +537,13 @@ def _figures(load: Load) -> dict[str, Any]:
             **({"rounds": [_figures(x) for x in load.rounds]} if load.rounds else {})}
 
 
-def disk_summary(disk: dict[str, Any]) -> str:
-    """One line of a probe's figures (bench/disk_probe.py), for both tables."""
-    return (f"fdatasync p99 {disk['fsync_p99_ms']} ms, max {disk['fsync_max_ms']} ms, "
-            f"{disk['stalls']} over {disk['stall_ms']} ms")
-
-
 def print_table(figures: dict[str, Any]) -> None:
     print(f"\n{'load':58} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'2xx':>9}")
     for r in figures["loads"]:
         print(f"{r['label']:58} {r['req_per_s']:>8,} {r['p50_ms']:>8} {r['p99_ms']:>8} "
               f"{r['ok']:>9,}")
         if "disk" in r:
-            print(f"  the disk meanwhile: {disk_summary(r['disk'])}; waiting for a free "
+            print(f"  the disk meanwhile: {described(r['disk'])}; waiting for a free "
                   f"generator connection: p99 {r['queued_p99_ms']} ms")
     rounds = ", ".join(f"{x}x" for x in figures.get("ratio_rounds", []))
     print(f"hookledger / bare endpoint: {figures['ratio_vs_bare']}x (rounds: {rounds})")
