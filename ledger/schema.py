@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from sqlalchemy import (
     BigInteger,
+    CheckConstraint,
     Column,
     DateTime,
     Index,
@@ -55,7 +56,8 @@ ledger_events = Table(
     Column("verified_by", Text),
     Column("raw_body", LargeBinary),
     Column("headers", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
-    Column("payload", JSONB, nullable=False),
+    # NULL when it is the raw body's jsonb reading, which readers compute (migration 0009)
+    Column("payload", JSONB),
     Column("facts", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     Column("occurred_at", DateTime(timezone=True)),
     Column("received_at", DateTime(timezone=True), nullable=False),
@@ -63,6 +65,7 @@ ledger_events = Table(
            server_default=text("clock_timestamp()")),
     # set by the same trigger: sha256(previous chain_hash || digest), see migration 0005
     Column("chain_hash", LargeBinary, nullable=False),
+    CheckConstraint("payload IS NOT NULL OR raw_body IS NOT NULL", name="payload_or_raw_body"),
 )
 Index(None, ledger_events.c.stream, ledger_events.c.position)
 Index(None, ledger_events.c.event_type, ledger_events.c.position)

@@ -38,11 +38,21 @@ def _columns(events: Sequence[NewEvent]) -> dict[str, list[Any]]:
         "verified_by": [e.verified_by for e in events],
         "raw_body": [e.raw_body for e in events],
         "headers": [dumps(dict(e.headers)) for e in events],
-        "payload": [e.payload_json for e in events],
+        "payload": [_stored_payload(e) for e in events],
         "facts": [dumps(dict(e.facts)) for e in events],
         "occurred_at": [e.occurred_at for e in events],
         "received_at": [e.received_at for e in events],
     }
+
+
+def _stored_payload(event: NewEvent) -> str | None:
+    """None when the payload is exactly the raw body's text: the ledger keeps those bytes
+    once, and readers compute the jsonb from them (migration 0009)."""
+    raw = event.raw_body
+    if raw is not None and len(raw) >= len(event.payload_json) \
+            and event.payload_json.encode() == raw:
+        return None
+    return event.payload_json
 
 
 @asynccontextmanager

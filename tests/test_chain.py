@@ -9,7 +9,9 @@ import sys
 
 import psycopg
 import pytest
+from sqlalchemy.exc import DBAPIError
 
+import ledger.store
 from hookledger import migrate
 from ledger.chain import check_chain
 from ledger.store import append_in
@@ -35,13 +37,17 @@ def check(url: str) -> object:
     return asyncio.run(run())
 
 
-def tamper(url: str, position: int) -> None:
+PAYLOAD_EDIT = ("payload = jsonb_set(coalesce(payload, convert_from(raw_body, 'UTF8')::jsonb), "
+                "'{amount}', '1')")
+
+
+def tamper(url: str, position: int, edit: str = PAYLOAD_EDIT) -> None:
     """What an operator with superuser rights could do: switch the guard off, edit, on."""
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("ALTER TABLE hookledger_private.ledger_events "
                      "DISABLE TRIGGER ledger_events_refuse_update_delete")
-        conn.execute("UPDATE hookledger_private.ledger_events SET payload = "
-                     "jsonb_set(payload, '{amount}', '1') WHERE position = %s", (position,))
+        conn.execute(f"UPDATE hookledger_private.ledger_events SET {edit} "
+                     "WHERE position = %s", (position,))
         conn.execute("ALTER TABLE hookledger_private.ledger_events "
                      "ENABLE TRIGGER ledger_events_refuse_update_delete")
 
@@ -67,11 +73,27 @@ def test_an_untouched_ledger_verifies_and_an_edited_event_is_named(db_url: str) 
     assert caught.returncode == 1 and "position 17" in caught.stdout
 
 
-@pytest.mark.parametrize("start", ["0001", "0002", "0003", "0004"])
-def test_upgrading_a_ledger_with_events_keeps_them_and_chains_them(empty_db_url: str,
-                                                                    start: str) -> None:
+@pytest.mark.parametrize("edit", [
+    "raw_body = raw_body || '\\x20'::bytea",  # the bytes a payload is read from
+    "payload = convert_from(raw_body, 'UTF8')::jsonb",  # the same value, stored: still a change
+])
+def test_an_edit_of_an_event_kept_as_raw_bytes_only_is_named(db_url: str, edit: str) -> None:
+    append(db_url, 10, "RB")
+    with psycopg.connect(db_url) as conn:
+        stored = conn.execute("SELECT count(*) FROM hookledger_private.ledger_events "
+                              "WHERE payload IS NULL").fetchone()
+    assert stored == (10,)  # each payload is its raw body's reading: kept once (0009)
+    tamper(db_url, 4, edit)
+    assert check(db_url).first_mismatch == 4  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("start", ["0001", "0002", "0003", "0004", "0008"])
+def test_upgrading_a_ledger_with_events_keeps_them_and_chains_them(
+        empty_db_url: str, start: str, monkeypatch: pytest.MonkeyPatch) -> None:
     migrate.upgrade(empty_db_url, start)
-    append(empty_db_url, 20, "OLD")
+    with monkeypatch.context() as before_0009:  # that writer stored every payload
+        before_0009.setattr(ledger.store, "_stored_payload", lambda event: event.payload_json)
+        append(empty_db_url, 20, "OLD")
     with psycopg.connect(empty_db_url) as conn:
         before = conn.execute("SELECT position, event_id, payload FROM "
                               "hookledger_private.ledger_events ORDER BY position").fetchall()
@@ -83,3 +105,20 @@ def test_upgrading_a_ledger_with_events_keeps_them_and_chains_them(empty_db_url:
     append(empty_db_url, 5, "NEW")  # the trigger continues the chain the migration made
     result = check(empty_db_url)
     assert result.intact and result.checked == 25  # type: ignore[attr-defined]
+    with psycopg.connect(empty_db_url) as conn:
+        kept = conn.execute("SELECT payload IS NULL, count(*) FROM "
+                            "hookledger_private.ledger_events GROUP BY 1 ORDER BY 1").fetchall()
+        same = conn.execute("SELECT bool_and(payload = convert_from(raw_body, 'UTF8')::jsonb) "
+                            "FROM hookledger.ledger").fetchone()
+    assert kept == [(False, 20), (True, 5)] and same == (True,)
+
+
+def test_a_downgrade_that_would_break_the_chain_is_refused(empty_db_url: str) -> None:
+    """Below 0009 every payload is stored; filling in the derived ones would change their
+    digests, so the downgrade stops and the ledger stays as it was."""
+    migrate.upgrade(empty_db_url)
+    append(empty_db_url, 3, "DG")
+    with pytest.raises(DBAPIError, match="cannot downgrade below 0009"):
+        migrate.downgrade(empty_db_url, "0008")
+    result = check(empty_db_url)
+    assert result.intact and result.checked == 3  # type: ignore[attr-defined]

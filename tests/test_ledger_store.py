@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import random
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import psycopg
@@ -44,6 +46,36 @@ async def test_jsonb_payload_keeps_amounts_exact(pool: AsyncConnectionPool) -> N
             "SELECT (payload->>'amount')::numeric FROM hookledger.ledger")
         (amount,) = await cur.fetchone()  # type: ignore[misc]
     assert str(amount) == "12345678901234.56"
+
+
+async def test_a_payload_that_is_its_raw_body_is_stored_once_and_read_the_same(
+        pool: AsyncConnectionPool) -> None:
+    """Migration 0009: the raw bytes are kept, and the payload is computed from them."""
+    body = '{"amount": 1.10, "name": "Zuhura \u00e9 \U0001f600", "lines": [1, 2.50, null]}'
+    as_sent = event("as-sent", payload=body)
+    placeholder = replace(event("placeholder", payload='{"unstorable": true}'),
+                          raw_body=b'{"a": 1, "a": 2}')
+    internal = replace(event("internal", payload='{"kind": "x"}'), raw_body=None)
+    store = LedgerStore(pool)
+    await store.append([as_sent, placeholder, internal])
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT dedupe_key, payload IS NULL "
+                                 "FROM hookledger_private.ledger_events ORDER BY position")
+        assert await cur.fetchall() == [("as-sent", True), ("placeholder", False),
+                                        ("internal", False)]
+        cur = await conn.execute(
+            "SELECT l.dedupe_key, l.payload = x.sent::jsonb, l.payload::text "
+            "FROM hookledger.ledger l JOIN unnest(%s::text[], %s::text[]) AS x(key, sent) "
+            "ON x.key = l.dedupe_key ORDER BY l.position",
+            ([e.dedupe_key for e in (as_sent, placeholder, internal)],
+             [e.payload_json for e in (as_sent, placeholder, internal)]))
+        rows = await cur.fetchall()
+    assert [(key, equal) for key, equal, _ in rows] == [
+        ("as-sent", True), ("placeholder", True), ("internal", True)]
+    assert '"amount": 1.10' in rows[0][2]  # the number as sent, not a float's reading
+    read = {e.dedupe_key: e.payload for e in await store.read(after=0)}
+    assert read["as-sent"] == json.loads(body)  # what the pool's jsonb loader gives
+    assert read["placeholder"] == {"unstorable": True} and read["internal"] == {"kind": "x"}
 
 
 async def test_a_known_dedupe_key_is_a_duplicate_pointing_at_the_original(
