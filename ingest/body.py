@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import asyncio
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect
 
 from ingest.errors import BodyTooLarge, BodyTooSlow
+from ingest.incoming import DeliveryRequest, Receive
 
 BODY_TIMEOUT_S = 10.0
 
 
-async def read_limited(request: Request, limit: int,
+async def read_limited(request: DeliveryRequest, limit: int,
                        timeout_s: float = BODY_TIMEOUT_S) -> bytes:
     """The whole body, or :class:`BodyTooLarge` as soon as it passes ``limit`` bytes, or
     :class:`BodyTooSlow` when it has not all arrived after ``timeout_s``.
@@ -19,22 +20,32 @@ async def read_limited(request: Request, limit: int,
     A declared ``Content-Length`` over the limit is refused before a byte is read; a client
     trickling its body cannot hold a request (and its memory) open for ever.
     """
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge("body_too_large", f"declared {declared} bytes, limit {limit}")
     try:
         async with asyncio.timeout(timeout_s):
-            return await _read(request, limit)
+            return await _read(request.receive, limit)
     except TimeoutError as exc:
         raise BodyTooSlow("body_timeout", f"body not received within {timeout_s:g} s") from exc
 
 
-async def _read(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise BodyTooLarge("body_too_large", f"declared {declared} bytes, limit {limit}")
+async def _read(receive: Receive, limit: int) -> bytes:
+    """The ASGI ``http.request`` messages' bodies, joined; a client that goes away first
+    raises Starlette's :class:`ClientDisconnect`, as reading through a ``Request`` did."""
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge("body_too_large", f"more than {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        if message["type"] != "http.request":
+            continue
+        chunk = message.get("body", b"")
+        if chunk:
+            size += len(chunk)
+            if size > limit:
+                raise BodyTooLarge("body_too_large", f"more than {limit} bytes")
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)

@@ -48,18 +48,21 @@ def _integer(text: str) -> int:
     return int(text)
 
 
-def _check(value: Any, depth: int) -> None:
+def _check(value: Any, depth: int, texts: bool = True) -> None:
+    """Depth, numbers, and (with ``texts``) every string and key, as jsonb needs them."""
     if depth > MAX_DEPTH:
         raise BodyError("too_deep", f"nested deeper than {MAX_DEPTH}")
     if isinstance(value, str):
-        check_text(value)
+        if texts:
+            check_text(value)
     elif isinstance(value, dict):
         for key, item in value.items():
-            check_text(key)
-            _check(item, depth + 1)
+            if texts:
+                check_text(key)
+            _check(item, depth + 1, texts)
     elif isinstance(value, list):
         for item in value:
-            _check(item, depth + 1)
+            _check(item, depth + 1, texts)
     elif isinstance(value, Decimal):
         if not value.is_finite() or abs(value.adjusted()) > MAX_NUMBER_EXPONENT:
             raise BodyError("number_out_of_range", "a number is out of range")
@@ -103,5 +106,7 @@ def parse_object(raw: bytes) -> tuple[dict[str, Any], str]:
         raise BodyError("invalid_json", str(exc).split(":")[0][:200]) from exc
     if not isinstance(value, dict):
         raise BodyError("not_an_object", f"the body is a JSON {type(value).__name__}")
-    _check(value, 1)
+    # a NUL or a lone surrogate reaches a string only as a \u escape: strict JSON refuses
+    # a raw control character, and the UTF-8 codec an encoded surrogate
+    _check(value, 1, texts="\\u" in text)
     return value, text

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from starlette.requests import Request
+from hypothesis import given
+from hypothesis import strategies as st
+from starlette.datastructures import Headers
+from starlette.requests import ClientDisconnect, Request
 
 from ingest.body import read_limited
 from ingest.errors import BodyTooLarge
+from ingest.incoming import Incoming, RawHeaders
 
 pytestmark = pytest.mark.anyio
 
@@ -42,3 +46,41 @@ async def test_a_declared_length_over_the_limit_is_refused_before_reading() -> N
 async def test_a_body_at_the_limit_is_read_whole() -> None:
     request, _ = request_with([b"a" * 600, b"b" * 400])
     assert await read_limited(request, limit=1000) == b"a" * 600 + b"b" * 400
+
+
+async def test_a_client_gone_before_its_body_is_a_disconnect_not_a_body() -> None:
+    async def receive() -> dict[str, object]:
+        return {"type": "http.disconnect"}
+
+    incoming = Incoming({"headers": []}, receive, {})
+    with pytest.raises(ClientDisconnect):
+        await read_limited(incoming, limit=1000)
+
+
+header_names = st.sampled_from(["Content-Length", "content-type", "X-Service-Signature",
+                                "x-service-signature", "USER-AGENT", "host"])
+header_values = st.text(alphabet=st.characters(max_codepoint=255), max_size=10)
+
+
+@given(headers=st.lists(st.tuples(header_names, header_values), max_size=8),
+       asked=header_names)
+def test_the_light_request_reads_headers_as_starlette_does(
+        headers: list[tuple[str, str]], asked: str) -> None:
+    """The first of a repeated header, names matched in any case, latin-1 values."""
+    raw = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in headers]
+    light, full = RawHeaders(raw), Headers(raw=raw)
+    assert light.get(asked) == full.get(asked)
+    assert light.get(asked, "none") == full.get(asked, "none")
+    assert light.items() == full.items()
+
+
+def test_the_light_request_names_its_client_as_starlette_does() -> None:
+    scope = {"type": "http", "headers": [], "client": ("10.1.2.3", 4567)}
+    light = Incoming(scope, _no_body, {"name": "main"})
+    assert light.client is not None and Request(scope).client is not None
+    assert light.client.host == Request(scope).client.host == "10.1.2.3"  # type: ignore[union-attr]
+    assert Incoming({"headers": []}, _no_body, {}).client is None
+
+
+async def _no_body() -> dict[str, object]:
+    return {"type": "http.request", "body": b"", "more_body": False}
