@@ -21,7 +21,8 @@ async def read_limited(request: DeliveryRequest, limit: int,
     trickling its body cannot hold a request (and its memory) open for ever.
     """
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    if declared is not None and declared.isascii() and declared.isdigit() \
+            and int(declared) > limit:
         raise BodyTooLarge("body_too_large", f"declared {declared} bytes, limit {limit}")
     try:
         async with asyncio.timeout(timeout_s):

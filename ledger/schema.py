@@ -65,7 +65,9 @@ ledger_events = Table(
            server_default=text("clock_timestamp()")),
     # set by the same trigger: sha256(previous chain_hash || digest), see migration 0005
     Column("chain_hash", LargeBinary, nullable=False),
-    CheckConstraint("payload IS NOT NULL OR raw_body IS NOT NULL", name="payload_or_raw_body"),
+    CheckConstraint("CASE WHEN payload IS NOT NULL THEN true "
+                    "ELSE convert_from(raw_body, 'UTF8')::jsonb IS NOT NULL END",
+                    name="payload_or_raw_body"),
 )
 Index(None, ledger_events.c.stream, ledger_events.c.position)
 Index(None, ledger_events.c.event_type, ledger_events.c.position)

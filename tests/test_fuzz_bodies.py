@@ -10,6 +10,7 @@ import json
 from typing import Any
 from zoneinfo import ZoneInfo
 
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -205,3 +206,13 @@ def test_string_checks_are_skipped_only_where_none_could_fail(body: dict[str, An
         said = exc.reason
     assert said == _fully_checked(raw)
     event(f"refused: {said}")
+
+
+@pytest.mark.parametrize("raw", [b'{"a":"\x00"}', b'{"\x00":1}', b'{"a":"\x1f"}',
+                                 b'{"a":"\xed\xa0\x80"}', b'{"\xed\xb0\x80":1}'])
+def test_a_nul_or_surrogate_without_an_escape_is_refused_all_the_same(raw: bytes) -> None:
+    """The cases the skip relies on: raw control characters and encoded surrogates, in
+    values and keys, never reach the ledger."""
+    with pytest.raises(BodyError) as refused:
+        parse_object(raw)
+    assert refused.value.reason in ("invalid_json", "invalid_utf8")

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from ledger import LedgerStore, NewEvent
+from ledger import LedgerError, LedgerStore, NewEvent
 
 pytestmark = pytest.mark.anyio
 
@@ -76,6 +76,17 @@ async def test_a_payload_that_is_its_raw_body_is_stored_once_and_read_the_same(
     read = {e.dedupe_key: e.payload for e in await store.read(after=0)}
     assert read["as-sent"] == json.loads(body)  # what the pool's jsonb loader gives
     assert read["placeholder"] == {"unstorable": True} and read["internal"] == {"kind": "x"}
+
+
+async def test_a_raw_body_jsonb_cannot_read_is_refused_at_append_as_before(
+        pool: AsyncConnectionPool) -> None:
+    """More decimals than numeric holds: the append fails (never acknowledged), and the
+    ledger stays readable, as when the payload was cast at append time."""
+    store = LedgerStore(pool)
+    with pytest.raises(LedgerError):
+        await store.append([event("huge", payload='{"amount": 1.' + "0" * 16_384 + "}")])
+    await store.append([event("fine")])
+    assert [e.dedupe_key for e in await store.read(after=0)] == ["fine"]
 
 
 async def test_a_known_dedupe_key_is_a_duplicate_pointing_at_the_original(

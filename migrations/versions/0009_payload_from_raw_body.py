@@ -12,7 +12,8 @@ and the ledger's own reads give ``coalesce(payload, convert_from(raw_body,
 'UTF8')::jsonb)``, the same value the column would have held (it was that cast, made at
 append time). A payload that is not the raw body's reading (events hookledger writes
 itself, which have no raw body; the placeholder of a body jsonb cannot hold) is stored as
-before; the check constraint keeps every row readable.
+before. The check constraint makes the cast the append used to make, so a body jsonb cannot
+read is refused as it was, and every row stays readable.
 
 The chain digest hashes an absent payload as ``sha256('-')``, which no jsonb text
 equals, and a present one exactly as before, so every existing hash still verifies; the
@@ -83,11 +84,16 @@ ORDER BY position;
 
 UPGRADE = f"""
 ALTER TABLE hookledger_private.ledger_events ALTER COLUMN payload DROP NOT NULL;
--- NOT VALID: every existing row has its payload (the column was NOT NULL), so there is
--- nothing to check, and a large ledger is not scanned under lock to learn that
+-- A row without a stored payload must have one to compute: the cast the append used to
+-- make is made here, so a body jsonb cannot read (a number with more decimals than
+-- numeric holds; a character the database's encoding lacks) is refused at append as
+-- before, never acknowledged and then unreadable. CASE, not OR: the cast must not run on
+-- a placeholder row's raw bytes. NOT VALID: every existing row has its payload (the
+-- column was NOT NULL), so a large ledger is not scanned under lock to learn that.
 ALTER TABLE hookledger_private.ledger_events
     ADD CONSTRAINT ck_ledger_events_payload_or_raw_body
-    CHECK (payload IS NOT NULL OR raw_body IS NOT NULL) NOT VALID;
+    CHECK (CASE WHEN payload IS NOT NULL THEN true
+                ELSE convert_from(raw_body, 'UTF8')::jsonb IS NOT NULL END) NOT VALID;
 {_digest(PAYLOAD_HASH)}
 {_ledger_view(PAYLOAD)}
 """
