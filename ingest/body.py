@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 
 from starlette.requests import ClientDisconnect
+from starlette.types import Receive
 
 from ingest.errors import BodyTooLarge, BodyTooSlow
-from ingest.incoming import DeliveryRequest, Receive
+from ingest.incoming import DeliveryRequest
 
 BODY_TIMEOUT_S = 10.0
 

@@ -54,10 +54,7 @@ class GeneralEndpoint:
         self._pool = pool
         self._rejections = RejectionLog(pool, keep=rejected_keep)
         self._metrics = metrics
-        # labelled once: a label lookup per delivery cost a microsecond
-        self._accepted = metrics.accepted.labels(SYSTEM)
-        self._duplicates = metrics.duplicates.labels(SYSTEM)
-        self._spooled = metrics.spooled.labels(SYSTEM)
+        self._outcomes = metrics.outcomes(SYSTEM)
 
     async def __call__(self, request: DeliveryRequest) -> Response | responses.Accepted:
         received_at = datetime.now(UTC)
@@ -131,13 +128,13 @@ class GeneralEndpoint:
             return responses.unavailable()
         self._metrics.append_seconds.observe(time.perf_counter() - started)
         if result.spooled:
-            self._spooled.inc()
+            self._outcomes.spooled.inc()
             log.warning("delivery.spooled", reason="ledger unavailable; durable on local disk")
         elif result.duplicate:
-            self._duplicates.inc()
+            self._outcomes.duplicates.inc()
             log.info("delivery.duplicate", position=result.position)
         else:
-            self._accepted.inc()
+            self._outcomes.accepted.inc()
             log.info("delivery.accepted", position=result.position,
                      recognised=delivery.facts["recognised"])
         return responses.accepted(result)

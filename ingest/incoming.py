@@ -10,11 +10,9 @@ only what is asked for. The endpoints take anything with this shape, so a Starle
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, NamedTuple, Protocol
 
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
+from starlette.types import Receive, Scope
 
 
 class Client(NamedTuple):
@@ -64,7 +62,7 @@ class Incoming:
 
     __slots__ = ("client", "headers", "path_params", "receive")
 
-    def __init__(self, scope: MutableMapping[str, Any], receive: Receive,
+    def __init__(self, scope: Scope, receive: Receive,
                  path_params: dict[str, str]) -> None:
         self.path_params = path_params
         self.headers = RawHeaders(scope["headers"])

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
-
 from starlette.responses import JSONResponse
+from starlette.types import Receive, Scope, Send
 
 from ledger import AppendResult
-
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 
 class Accepted:
@@ -24,7 +20,7 @@ class Accepted:
     def __init__(self, body: bytes) -> None:
         self.body = body
 
-    async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": [
             (b"content-length", str(len(self.body)).encode()),
             (b"content-type", b"application/json")]})
