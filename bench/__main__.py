@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.checkpoints import described as checkpoints_described
 from bench.common import RESULTS, machine
 from bench.disk_probe import described
 
@@ -74,6 +75,8 @@ def table(results: dict[str, Any]) -> list[Row]:
             rows.append(("  the disk meanwhile", described(load["disk"]), "", ""))
             rows.append(("  waiting for a free generator connection: p99 ms",
                          str(load.get("queued_p99_ms")), "", ""))
+        if "checkpoint_buffers" in load:  # a saturating tail doubles while one writes
+            rows.append(("  checkpoints meanwhile", checkpoints_described(load), "", ""))
     if ingest:
         ratio = ingest["ratio_vs_bare"]
         rounds = ingest.get("ratio_rounds", [])

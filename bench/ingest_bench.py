@@ -57,6 +57,8 @@ import httpx
 import psycopg
 
 from bench.bare_endpoint import TABLE_DDL
+from bench.checkpoints import checkpoint_activity
+from bench.checkpoints import described as checkpoints_described
 from bench.common import fresh_database
 from bench.disk_probe import DiskFigures, DiskProbe, described
 from bench.loadgen import collector_paused, percentile, post_request, run
@@ -155,7 +157,8 @@ def median_of(label: str, runs: list[Load]) -> Load:
     extra: dict[str, Any] = {}
     for each in runs:
         for key, value in each.extra.items():
-            extra[key] = extra.get(key, 0) + value
+            so_far = extra.get(key, 0)  # None: a figure some round could not read
+            extra[key] = None if value is None or so_far is None else so_far + value
     return Load(label, sum(r.requests for r in runs), sum(r.ok for r in runs),
                 sum(r.seconds for r in runs), statistics.median(r.p50_ms for r in runs),
                 max(r.p99_ms for r in runs), max(r.max_ms for r in runs),
@@ -419,12 +422,20 @@ def measure(seconds: float, connections: int, scale_events: int, fixed_rate: int
                 count = int(ceiling * duration)
             if use_wrk:
                 prefix = write_presigned(folder, tag, count, threads)
+                before = checkpoint_activity(url)
                 result = wrk_load(label, port, prefix, duration, connections, threads)
                 for t in range(threads):
                     os.unlink(f"{prefix}.{t}")
-                return result
-            return python_load(label, port, [delivery(tag, i) for i in range(count)],
-                               rate=None, connections=connections)
+            else:
+                before = checkpoint_activity(url)
+                result = python_load(label, port, [delivery(tag, i) for i in range(count)],
+                                     rate=None, connections=connections)
+            # a saturating load's tail doubles while a checkpoint writes (bench/checkpoints.py)
+            during = checkpoint_activity(url).since(before)
+            result.extra.update(checkpoints_begun=during.begun,
+                                checkpoint_buffers=during.buffers,
+                                wal_files_added=during.wal_files)
+            return result
 
         def fixed(label: str, port: int, tag: str) -> Load:
             bodies = [delivery(tag, i) for i in range(int(fixed_rate * fixed_seconds))]
@@ -545,6 +556,8 @@ def print_table(figures: dict[str, Any]) -> None:
         if "disk" in r:
             print(f"  the disk meanwhile: {described(r['disk'])}; waiting for a free "
                   f"generator connection: p99 {r['queued_p99_ms']} ms")
+        if "checkpoint_buffers" in r:
+            print(f"  meanwhile: {checkpoints_described(r)}")
     rounds = ", ".join(f"{x}x" for x in figures.get("ratio_rounds", []))
     print(f"hookledger / bare endpoint: {figures['ratio_vs_bare']}x (rounds: {rounds})")
     if "scaled_vs_empty" in figures:

@@ -72,6 +72,15 @@ def test_every_benchmark_runs_at_smoke_size_and_counts_what_it_acknowledged(
     assert all(0 <= load["queued_p99_ms"] <= load["p99_ms"] for load in fixed)
     assert not any("disk" in load for load in ingest["loads"] if load not in fixed)
     assert sum(row[0].strip().startswith("the disk meanwhile") for row in summary["rows"]) == 4
+    # every saturating load is read beside the checkpoints and new WAL segments under it
+    assert all({"checkpoints_begun", "checkpoint_buffers", "wal_files_added"} <= load.keys()
+               for load in ingest["loads"] if load not in fixed)
+    assert all(load["checkpoint_buffers"] == sum(r["checkpoint_buffers"] for r in load["rounds"])
+               for load in saturating)
+    assert all(isinstance(load["wal_files_added"], int)  # the embedded server lists pg_wal
+               for load in ingest["loads"] if load not in fixed)
+    assert sum(row[0].strip() == "checkpoints meanwhile" for row in summary["rows"]) == len(
+        [load for load in ingest["loads"] if load not in fixed])
 
     projections = results["projections"]
     assert projections["events"] == 3000 and projections["rebuild_events_per_s"] > 0
