@@ -75,7 +75,7 @@ def table(results: dict[str, Any]) -> list[Row]:
             rows.append(("  the disk meanwhile", described(load["disk"]), "", ""))
             rows.append(("  waiting for a free generator connection: p99 ms",
                          str(load.get("queued_p99_ms")), "", ""))
-        if "checkpoint_buffers" in load:  # a saturating tail doubles while one writes
+        if "checkpoint_buffers" in load:  # a saturating tail is read beside these
             rows.append(("  checkpoints meanwhile", checkpoints_described(load), "", ""))
     if ingest:
         ratio = ingest["ratio_vs_bare"]

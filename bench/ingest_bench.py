@@ -430,7 +430,8 @@ def measure(seconds: float, connections: int, scale_events: int, fixed_rate: int
                 before = checkpoint_activity(url)
                 result = python_load(label, port, [delivery(tag, i) for i in range(count)],
                                      rate=None, connections=connections)
-            # a saturating load's tail doubles while a checkpoint writes (bench/checkpoints.py)
+            # its tail is read beside the server's checkpoints and new WAL segments
+            # (bench/checkpoints.py)
             during = checkpoint_activity(url).since(before)
             result.extra.update(checkpoints_begun=during.begun,
                                 checkpoint_buffers=during.buffers,

@@ -89,7 +89,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as home:
         configured = (os.environ.get("HOOKLEDGER_BENCH_DATABASE_URL")
-                      or os.environ.get("HOOKLEDGER_TEST_DATABASE_URL"))  # before the README's
+                      or os.environ.get("HOOKLEDGER_TEST_DATABASE_URL"))  # as it used to
         server = None if configured else EmbeddedPostgres(
             Path(home), server_settings={"fsync": "off", "synchronous_commit": "off"})
         admin = configured or with_database(server.start(), "postgres")  # type: ignore[union-attr]
