@@ -57,11 +57,14 @@ class Runtime:
 
 
 def app_from_environment() -> WebhookFastPath:
-    """The app of one worker process of ``serve`` with ``HOOKLEDGER_WORKERS`` > 1."""
+    """The app of one HTTP worker process of ``serve``."""
     import os
 
     from hookledger.cli import configure_logging, load_settings
+    from hookledger.orphans import SUPERVISOR_PID_VARIABLE, end_with_supervisor
 
+    supervisor = os.environ.get(SUPERVISOR_PID_VARIABLE)
+    end_with_supervisor(int(supervisor) if supervisor else None)
     settings = load_settings()
     configure_logging(settings)
     if settings.database_url is None:

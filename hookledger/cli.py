@@ -59,9 +59,7 @@ def main() -> None:
 @main.command()
 def serve() -> None:
     """Migrate, then receive webhooks until SIGINT/SIGTERM (graceful, exits 0)."""
-    import uvicorn
 
-    from hookledger.app import create_app
 
     settings = load_settings()
     configure_logging(settings)
@@ -74,31 +72,24 @@ def serve() -> None:
     try:
         with database(settings) as url:
             migrate.upgrade(url)
-            if settings.workers > 1:
-                _serve_workers(settings, url, started)
-                return
-            config = uvicorn.Config(
-                create_app(settings, url), host=settings.host, port=settings.port,
-                log_config=None, access_log=False, lifespan="on",
-                timeout_graceful_shutdown=30, server_header=False,
-            )
-            server = uvicorn.Server(config)
-            _announce_when_ready(server, settings, started)
-            server.run()
-            if not server.started:
-                _fail(f"could not listen on {settings.host}:{settings.port}")
+            _serve_workers(settings, url, started)
     except EmbeddedPostgresError as exc:
         _fail(str(exc))
     log.info("service.exited")
 
 
 def _serve_workers(settings: Settings, url: str, started: float) -> None:
-    """Several worker processes on one listening socket (the kernel spreads connections).
+    """``HOOKLEDGER_WORKERS`` worker processes on one listening socket (the kernel spreads
+    connections), one worker included.
 
     This process keeps the embedded database (if any), supervises, and runs the live
     projector in a thread; each worker builds the app from the environment, with the
     database URL handed down, and only ingests (reconciliation elects one leader among them,
-    as among separate ``serve`` processes).
+    as among separate ``serve`` processes). One worker is run this way too: folding on the
+    worker's own loop took the core it answers on. On two cores, one worker beside this
+    process answered 7,064-7,207 deliveries/s at 64 connections, against 6,605 with the
+    projector on its loop and 6,508-6,571 for two workers. Workers end with this process
+    (:mod:`hookledger.orphans`).
     """
     import os
 
@@ -107,17 +98,22 @@ def _serve_workers(settings: Settings, url: str, started: float) -> None:
 
     from hookledger.app import PROJECTOR_NAME_VARIABLE, live_projector
     from hookledger.gc_tuning import tuned_for_serving
+    from hookledger.orphans import SUPERVISOR_PID_VARIABLE
     from projections.live import ProjectorThread, application_name
 
     os.environ["HOOKLEDGER_DATABASE_URL"] = url
     projector_name = application_name()
     os.environ[PROJECTOR_NAME_VARIABLE] = projector_name  # workers report who leads by it
+    os.environ[SUPERVISOR_PID_VARIABLE] = str(os.getpid())  # workers end with this process
     config = uvicorn.Config(
         "hookledger.app:app_from_environment", factory=True, host=settings.host,
         port=settings.port, workers=settings.workers, log_config=None, access_log=False,
         lifespan="on", timeout_graceful_shutdown=30, server_header=False,
     )
-    sock = config.bind_socket()
+    try:
+        sock = config.bind_socket()  # uvicorn logs why and exits when it cannot
+    except SystemExit:
+        _fail(f"could not listen on {settings.host}:{settings.port}")
     log.info("service.workers", workers=settings.workers,
              seconds=round(time.perf_counter() - started, 3))
     # the workers only answer; folding runs here, beside the supervisor, off their loops
@@ -128,18 +124,6 @@ def _serve_workers(settings: Settings, url: str, started: float) -> None:
             Multiprocess(config, sockets=[sock]).run()
     finally:
         projector.stop()
-
-
-def _announce_when_ready(server: Any, settings: Settings, started: float) -> None:
-    original = server.startup
-
-    async def startup(*args: Any, **kwargs: Any) -> None:
-        await original(*args, **kwargs)
-        if server.started:
-            log.info("service.ready", host=settings.host, port=settings.port,
-                     seconds=round(time.perf_counter() - started, 3))
-
-    server.startup = startup
 
 
 @main.command(name="migrate")
