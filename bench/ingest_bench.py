@@ -397,7 +397,7 @@ def ready_seconds() -> float:
 
 def measure(seconds: float, connections: int, scale_events: int, fixed_rate: int,
             fixed_seconds: float, soak_seconds: float, soak_rate: int,
-            generator: str = "auto", workers: int = 2, rounds: int = 3) -> dict[str, Any]:
+            generator: str = "auto", workers: int = 1, rounds: int = 3) -> dict[str, Any]:
     threads = 2
     use_wrk = generator == "wrk" or (generator == "auto" and shutil.which("wrk") is not None)
     ceiling = 25_000  # req/s no contender reaches here; sizes the pre-signed sets
@@ -583,8 +583,9 @@ def main() -> None:
     parser.add_argument("--fixed-seconds", type=float, default=10)
     parser.add_argument("--soak-seconds", type=float, default=600)
     parser.add_argument("--soak-rate", type=int, default=500)
-    parser.add_argument("--workers", type=int, default=2,
-                        help="hookledger's HOOKLEDGER_WORKERS (the baseline runs 2)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="hookledger's HOOKLEDGER_WORKERS (the baseline runs 2; on two "
+                             "cores one worker beside serve's projector answers more)")
     parser.add_argument("--generator", choices=["auto", "wrk", "loadgen"], default="auto",
                         help="auto: wrk when installed, else bench/loadgen.py")
     parser.add_argument("--rounds", type=int, default=3,

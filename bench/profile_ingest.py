@@ -1,6 +1,6 @@
 """Where ingest's time goes: py-spy on every ``serve`` process under load, and the CPU split.
 
-    python -m bench.profile_ingest [--seconds 10] [--workers 2] [--top 25]
+    python -m bench.profile_ingest [--seconds 10] [--workers 1] [--top 25]
 
 Runs ``hookledger serve`` on a fresh database, loads it with pre-signed distinct deliveries
 (wrk when installed, else ``bench/loadgen.py``), and meanwhile
@@ -110,7 +110,7 @@ def aggregate(raw_files: list[Path], top: int) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10)
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--no-profile", action="store_true",
