@@ -5,7 +5,7 @@ checkpoint (its writes and final fsyncs share the disk with the WAL's, and after
 each first change to a page puts the whole page into the WAL) and a new WAL segment (16 MB
 of zeros written and fsynced; a young cluster makes one for every 16 MB of WAL until it has
 enough old ones to recycle). On the development machine the p99 at 64 connections ranged
-between rounds from 19 to 53 ms for hookledger and from 34 to 81 ms for the bare endpoint;
+between rounds from 17 to 53 ms for hookledger and from 34 to 81 ms for the bare endpoint;
 some high rounds coincided with a checkpoint writing, others with new segments, and not
 every round fits either. The table prints both beside each saturating load rather than a
 verdict on them.
