@@ -59,8 +59,6 @@ def main() -> None:
 @main.command()
 def serve() -> None:
     """Migrate, then receive webhooks until SIGINT/SIGTERM (graceful, exits 0)."""
-
-
     settings = load_settings()
     configure_logging(settings)
     started = time.perf_counter()
