@@ -6,10 +6,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from tests.chat_live import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 CHILD = ("import os, sys, time; from hookledger.orphans import end_with_supervisor; "
@@ -40,15 +41,6 @@ def start(supervisor_pid: str) -> tuple[subprocess.Popen[str], int]:
     return parent, int(parent.stdout.readline())
 
 
-def gone_within(pid: int, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if not alive(pid):
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_a_worker_is_terminated_when_its_supervisor_is_killed() -> None:
     parent, child = start("")
     try:
@@ -57,7 +49,7 @@ def test_a_worker_is_terminated_when_its_supervisor_is_killed() -> None:
         assert alive(child)  # the supervisor lives: so does the worker
         parent.send_signal(signal.SIGKILL)
         parent.wait()
-        assert gone_within(child, 10)
+        wait_for(lambda: not alive(child), timeout_s=10)
     finally:
         if alive(child):
             os.kill(child, signal.SIGKILL)
@@ -66,7 +58,7 @@ def test_a_worker_is_terminated_when_its_supervisor_is_killed() -> None:
 def test_a_worker_whose_supervisor_is_already_gone_terminates_itself() -> None:
     parent, child = start("1")  # not its parent: as if the supervisor died and it was adopted
     try:
-        assert gone_within(child, 10)
+        wait_for(lambda: not alive(child), timeout_s=10)
         assert parent.poll() is None  # its actual parent was never touched
     finally:
         parent.kill()
