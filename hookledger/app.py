@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -20,6 +19,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from hookledger.admin_api import admin_routes
 from hookledger.admin_endpoints import ADMIN_ROUTES
@@ -232,10 +232,7 @@ def create_app(settings: Settings, database_url: str, *,
     ))
 
 
-Scope = MutableMapping[str, Any]
 Answer = Response | Accepted
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 # path prefix -> (path parameter, the endpoint's name on app.state)
 WEBHOOK_ROUTES = (("/webhooks/general/", "name", "general"),
