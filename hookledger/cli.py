@@ -96,6 +96,7 @@ def _serve_workers(settings: Settings, url: str, started: float) -> None:
 
     from hookledger.app import PROJECTOR_NAME_VARIABLE, live_projector
     from hookledger.gc_tuning import tuned_for_serving
+    from hookledger.http_protocol import CoalescingHttpToolsProtocol
     from hookledger.orphans import SUPERVISOR_PID_VARIABLE
     from projections.live import ProjectorThread, application_name
 
@@ -107,6 +108,7 @@ def _serve_workers(settings: Settings, url: str, started: float) -> None:
         "hookledger.app:app_from_environment", factory=True, host=settings.host,
         port=settings.port, workers=settings.workers, log_config=None, access_log=False,
         lifespan="on", timeout_graceful_shutdown=30, server_header=False,
+        http=CoalescingHttpToolsProtocol,
     )
     try:
         sock = config.bind_socket()  # uvicorn logs why and exits when it cannot

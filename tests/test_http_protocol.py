@@ -1,0 +1,175 @@
+"""serve's HTTP protocol: a response leaves in one write, and HTTP/1.1 still holds.
+
+A real uvicorn server with :class:`CoalescingHttpToolsProtocol` on a loopback port, spoken
+to over raw sockets; the socket writes are counted under the coalescing layer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import uvicorn
+from starlette.types import Receive, Scope, Send
+
+from hookledger.http_protocol import CoalescingHttpToolsProtocol, CoalescingTransport
+
+pytestmark = pytest.mark.anyio
+
+WRITES: list[bytes] = []  # what the socket transports below were asked to write, in order
+
+
+class CountingTransport:
+    """The real transport, with each ``write`` recorded."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+
+    def write(self, data: bytes) -> None:
+        WRITES.append(bytes(data))
+        self._transport.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+class CountedProtocol(CoalescingHttpToolsProtocol):
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(CountingTransport(transport))  # type: ignore[arg-type]
+
+
+SECOND_PART = asyncio.Event()
+
+
+async def app(scope: Scope, receive: Receive, send: Send) -> None:
+    assert scope["type"] == "http"
+    while (await receive()).get("more_body"):
+        pass
+    if scope["path"] == "/stream":  # the second part only after the client saw the first
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"first", "more_body": True})
+        await SECOND_PART.wait()
+        await send({"type": "http.response.body", "body": b"second"})
+        return
+    body = scope["path"].encode()
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+async def port() -> AsyncIterator[int]:
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                           http=CountedProtocol, lifespan="off",
+                                           log_config=None, access_log=False))
+    serving = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    WRITES.clear()
+    SECOND_PART.clear()
+    yield port
+    server.should_exit = True
+    await serving
+
+
+def get(path: str, *, close: bool = False) -> bytes:
+    connection = b"Connection: close\r\n" if close else b""
+    return b"GET " + path.encode() + b" HTTP/1.1\r\nHost: t\r\n" + connection + b"\r\n"
+
+
+async def read_response(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
+    return head, await reader.readexactly(length)
+
+
+async def test_a_response_leaves_in_one_write(port: int) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(get("/one"))
+    head, body = await read_response(reader)
+    assert head.startswith(b"HTTP/1.1 200 ") and body == b"/one"
+    assert WRITES == [head + body]  # status line, headers and body in one socket write
+    writer.close()
+
+
+async def test_pipelined_requests_are_answered_in_order(port: int) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(get("/a") + get("/bb") + get("/ccc"))
+    assert [(await read_response(reader))[1] for _ in range(3)] == [b"/a", b"/bb", b"/ccc"]
+    assert len(WRITES) == 3
+    writer.close()
+
+
+async def test_a_streamed_body_is_not_held_back_for_its_end(port: int) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(get("/stream"))
+    received = b""
+    while not received.endswith(b"first\r\n"):  # chunked: "5\r\nfirst\r\n"
+        received += await asyncio.wait_for(reader.read(1024), timeout=5)
+    SECOND_PART.set()
+    rest = await asyncio.wait_for(reader.readuntil(b"0\r\n\r\n"), timeout=5)
+    assert rest == b"6\r\nsecond\r\n0\r\n\r\n"
+    writer.close()
+
+
+async def test_connection_close_sends_the_whole_response_before_closing(port: int) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(get("/bye", close=True))
+    everything = await asyncio.wait_for(reader.read(), timeout=5)  # up to the server's EOF
+    assert everything.startswith(b"HTTP/1.1 200 ") and everything.endswith(b"\r\n\r\n/bye")
+    assert WRITES == [everything]
+    writer.close()
+
+
+class RecordingTransport:
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+        self.closed = self.aborted = False
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def is_closing(self) -> bool:
+        return self.closed or self.aborted
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.aborted = True
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+
+async def test_an_abort_drops_what_was_not_yet_written() -> None:
+    under = RecordingTransport()
+    transport = CoalescingTransport(under, asyncio.get_running_loop())  # type: ignore[arg-type]
+    transport.write(b"never")
+    assert transport.get_write_buffer_size() == 5
+    transport.abort()
+    await asyncio.sleep(0)  # the end of the loop turn, when a flush would have run
+    assert under.written == [] and under.aborted
+
+
+async def test_writes_of_one_turn_leave_together_and_in_order() -> None:
+    under = RecordingTransport()
+    transport = CoalescingTransport(under, asyncio.get_running_loop())  # type: ignore[arg-type]
+    transport.write(b"a")
+    transport.writelines([b"b", bytearray(b"c")])
+    assert under.written == []
+    await asyncio.sleep(0)
+    transport.write(b"d")
+    transport.close()  # a close sends what is buffered first
+    assert under.written == [b"abc", b"d"] and under.closed
