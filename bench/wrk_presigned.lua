@@ -1,7 +1,11 @@
 -- wrk script: replay pre-signed deliveries, each exactly once.
---   wrk ... -s bench/wrk_presigned.lua URL -- FILE_PREFIX PATH
--- Thread i reads FILE_PREFIX.i (lines "signature<TAB>body"), so every request is distinct:
+--   wrk ... -s bench/wrk_presigned.lua URL -- FILE_PREFIX
+-- Thread i reads FILE_PREFIX.i: whole HTTP requests, each after its length in bytes on a
+-- line of its own (bench/ingest_bench.py write_presigned), so every request is distinct:
 -- hookledger deduplicates and the baseline does not, so a repeat would skew the counts.
+-- init() only reads the requests into a table: wrk starts each thread right after its init(),
+-- and counts from when the last one has started, so a slow init() of the second thread is
+-- load of the first one counted in no window.
 -- At the end it prints one JSON line with the 2xx count and the latency percentiles (us).
 -- There is no response() callback: with one, wrk parses every answer's headers and body
 -- into Lua, which cost the generator as much CPU as a request's work in the service on
@@ -18,15 +22,12 @@ function setup(thread)
 end
 
 function init(args)
-  local prefix, path = args[1], args[2]
+  local file = assert(io.open(args[1] .. "." .. id, "rb"))
   requests = {}
-  for line in io.lines(prefix .. "." .. id) do
-    local signature, body = line:match("^([^\t]+)\t(.*)$")
-    requests[#requests + 1] = wrk.format("POST", path, {
-      ["Content-Type"] = "application/json",
-      ["X-Service-Signature"] = signature,
-    }, body)
+  for length in file:lines() do  -- a length line, then that many bytes of request
+    requests[#requests + 1] = file:read(tonumber(length))
   end
+  file:close()
   sent, exhausted = 0, 0
 end
 
