@@ -18,30 +18,33 @@ import psycopg
 from psycopg.rows import args_row
 from psycopg_pool import AsyncConnectionPool
 
-from ledger import sqlfiles
+from ledger import pgarrays, sqlfiles
 from ledger.errors import LedgerError, LedgerIntegrityError, LedgerUnavailable
 from ledger.jsonenc import dumps
+from ledger.pgarrays import bytea_array, text_array, timestamptz_array
 from ledger.records import AppendResult, NewEvent, StoredEvent
+
+pgarrays.register()  # the append binds its columns as packed arrays (ledger/pgarrays.py)
 
 
 def _sql(name: str) -> str:
     return sqlfiles.load("ledger", name)
 
 
-def _columns(events: Sequence[NewEvent]) -> dict[str, list[Any]]:
+def _columns(events: Sequence[NewEvent]) -> dict[str, Any]:
     return {
-        "stream": [e.stream for e in events],
-        "event_type": [e.event_type for e in events],
-        "source": [e.source for e in events],
-        "dedupe_key": [e.dedupe_key for e in events],
-        "endpoint": [e.endpoint for e in events],
-        "verified_by": [e.verified_by for e in events],
-        "raw_body": [e.raw_body for e in events],
-        "headers": [dumps(dict(e.headers)) for e in events],
-        "payload": [_stored_payload(e) for e in events],
-        "facts": [dumps(dict(e.facts)) for e in events],
-        "occurred_at": [e.occurred_at for e in events],
-        "received_at": [e.received_at for e in events],
+        "stream": text_array([e.stream for e in events]),
+        "event_type": text_array([e.event_type for e in events]),
+        "source": text_array([e.source for e in events]),
+        "dedupe_key": text_array([e.dedupe_key for e in events]),
+        "endpoint": text_array([e.endpoint for e in events]),
+        "verified_by": text_array([e.verified_by for e in events]),
+        "raw_body": bytea_array([e.raw_body for e in events]),
+        "headers": text_array([dumps(dict(e.headers)) for e in events]),
+        "payload": text_array([_stored_payload(e) for e in events]),
+        "facts": text_array([dumps(dict(e.facts)) for e in events]),
+        "occurred_at": timestamptz_array([e.occurred_at for e in events]),
+        "received_at": timestamptz_array([e.received_at for e in events]),
     }
 
 
