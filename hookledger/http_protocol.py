@@ -16,6 +16,8 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+FLUSH_AT = 64 * 1024  # bytes buffered in one turn that are sent without waiting for its end
+
 
 class CoalescingTransport:
     """A transport whose writes within one event-loop turn leave as one.
@@ -31,11 +33,15 @@ class CoalescingTransport:
         self._transport = transport
         self._loop = loop
         self._pending: list[bytes] = []
+        self._size = 0
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if not self._pending:
             self._loop.call_soon(self._flush)
         self._pending.append(bytes(data))
+        self._size += len(data)
+        if self._size >= FLUSH_AT:
+            self._flush()
 
     def writelines(self, chunks: Any) -> None:
         for chunk in chunks:
@@ -46,6 +52,7 @@ class CoalescingTransport:
             return
         data = self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
         self._pending.clear()
+        self._size = 0
         if not self._transport.is_closing():
             self._transport.write(data)
 
@@ -55,10 +62,11 @@ class CoalescingTransport:
 
     def abort(self) -> None:
         self._pending.clear()
+        self._size = 0
         self._transport.abort()
 
     def get_write_buffer_size(self) -> int:
-        return self._transport.get_write_buffer_size() + sum(map(len, self._pending))
+        return self._transport.get_write_buffer_size() + self._size
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)

@@ -15,7 +15,7 @@ import pytest
 import uvicorn
 from starlette.types import Receive, Scope, Send
 
-from hookledger.http_protocol import CoalescingHttpToolsProtocol, CoalescingTransport
+from hookledger.http_protocol import FLUSH_AT, CoalescingHttpToolsProtocol, CoalescingTransport
 
 pytestmark = pytest.mark.anyio
 
@@ -173,3 +173,15 @@ async def test_writes_of_one_turn_leave_together_and_in_order() -> None:
     transport.write(b"d")
     transport.close()  # a close sends what is buffered first
     assert under.written == [b"abc", b"d"] and under.closed
+
+
+async def test_a_large_write_is_handed_on_at_once_for_flow_control() -> None:
+    under = RecordingTransport()
+    transport = CoalescingTransport(under, asyncio.get_running_loop())  # type: ignore[arg-type]
+    transport.write(b"head")
+    transport.write(b"x" * FLUSH_AT)  # the socket's own buffer now sees it, and may push back
+    assert under.written == [b"head" + b"x" * FLUSH_AT]
+    assert transport.get_write_buffer_size() == 0
+    transport.write(b"tail")
+    await asyncio.sleep(0)
+    assert under.written[1:] == [b"tail"]
