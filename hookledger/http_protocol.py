@@ -24,10 +24,12 @@ class CoalescingTransport:
 
     Everything but ``write`` and ``close`` is the wrapped transport's own. Order is kept
     (one buffer, flushed in order), a close first sends what is buffered, and an abort
-    drops it, as the socket's own buffer would be.
+    drops it, as the socket's own buffer would be. Past :data:`FLUSH_AT` bytes the buffer
+    is handed on at once, so a large response streamed within one turn still meets the
+    socket's flow control (uvicorn pauses the app when the transport's buffer is full).
     """
 
-    __slots__ = ("_loop", "_pending", "_transport")
+    __slots__ = ("_loop", "_pending", "_size", "_transport")
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self._transport = transport
