@@ -15,10 +15,12 @@ import struct
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
+import psycopg
+from psycopg import postgres
 from psycopg.adapt import Dumper
 from psycopg.pq import Format
 
-TEXT_OID, BYTEA_OID, TIMESTAMPTZ_OID = 25, 17, 1184
+_TEXT, _BYTEA, _TIMESTAMPTZ = (postgres.types[name] for name in ("text", "bytea", "timestamptz"))
 _HEADER = struct.Struct("!iiiii")  # dimensions, has-null flag, element type, length, lower bound
 _LENGTH = struct.Struct("!i")
 _MICROSECONDS = struct.Struct("!q")
@@ -60,11 +62,11 @@ def _packed(element_oid: int, encoded: Sequence[bytes | None]) -> bytes:
 
 
 def text_array(values: Sequence[str | None]) -> TextArray:
-    return TextArray(_packed(TEXT_OID, [None if v is None else v.encode() for v in values]))
+    return TextArray(_packed(_TEXT.oid, [None if v is None else v.encode() for v in values]))
 
 
 def bytea_array(values: Sequence[bytes | None]) -> ByteaArray:
-    return ByteaArray(_packed(BYTEA_OID, values))
+    return ByteaArray(_packed(_BYTEA.oid, values))
 
 
 def timestamptz_array(values: Sequence[datetime | None]) -> TimestamptzArray:
@@ -77,7 +79,7 @@ def timestamptz_array(values: Sequence[datetime | None]) -> TimestamptzArray:
         if value.utcoffset() is None:
             raise ValueError(f"a naive datetime has no instant: {value!r}")
         encoded.append(_MICROSECONDS.pack((value - _POSTGRES_EPOCH) // _ONE_MICROSECOND))
-    return TimestamptzArray(_packed(TIMESTAMPTZ_OID, encoded))
+    return TimestamptzArray(_packed(_TIMESTAMPTZ.oid, encoded))
 
 
 class _PackedDumper(Dumper):
@@ -88,22 +90,20 @@ class _PackedDumper(Dumper):
 
 
 class _TextArrayDumper(_PackedDumper):
-    oid = 1009  # text[]
+    oid = _TEXT.array_oid
 
 
 class _ByteaArrayDumper(_PackedDumper):
-    oid = 1001  # bytea[]
+    oid = _BYTEA.array_oid
 
 
 class _TimestamptzArrayDumper(_PackedDumper):
-    oid = 1185  # timestamptz[]
+    oid = _TIMESTAMPTZ.array_oid
 
 
-def register(adapters: object | None = None) -> None:
-    """Teach psycopg (its global adapters, or a connection's) to send packed arrays."""
-    import psycopg
-
-    target = adapters if adapters is not None else psycopg.adapters
+def register() -> None:
+    """Teach psycopg's global adapters, and so every connection made after, to send packed
+    arrays."""
     for kind, dumper in ((TextArray, _TextArrayDumper), (ByteaArray, _ByteaArrayDumper),
                          (TimestamptzArray, _TimestamptzArrayDumper)):
-        target.register_dumper(kind, dumper)  # type: ignore[attr-defined]
+        psycopg.adapters.register_dumper(kind, dumper)
