@@ -7,7 +7,6 @@ to over raw sockets; the socket writes are counted under the coalescing layer.
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -16,6 +15,7 @@ import uvicorn
 from starlette.types import Receive, Scope, Send
 
 from hookledger.http_protocol import FLUSH_AT, CoalescingHttpToolsProtocol, CoalescingTransport
+from tests.test_serve_process import free_port
 
 pytestmark = pytest.mark.anyio
 
@@ -58,12 +58,6 @@ async def app(scope: Scope, receive: Receive, send: Send) -> None:
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture
