@@ -20,7 +20,8 @@ from psycopg import postgres
 from psycopg.adapt import Dumper
 from psycopg.pq import Format
 
-_TEXT, _BYTEA, _TIMESTAMPTZ = (postgres.types[name] for name in ("text", "bytea", "timestamptz"))
+_TEXT, _BYTEA, _TIMESTAMPTZ, _UUID = (
+    postgres.types[name] for name in ("text", "bytea", "timestamptz", "uuid"))
 _HEADER = struct.Struct("!iiiii")  # dimensions, has-null flag, element type, length, lower bound
 _LENGTH = struct.Struct("!i")
 _MICROSECONDS = struct.Struct("!q")
@@ -44,6 +45,10 @@ class ByteaArray(PackedArray):
 
 
 class TimestamptzArray(PackedArray):
+    __slots__ = ()
+
+
+class UuidArray(PackedArray):
     __slots__ = ()
 
 
@@ -82,6 +87,13 @@ def timestamptz_array(values: Sequence[datetime | None]) -> TimestamptzArray:
     return TimestamptzArray(_packed(_TIMESTAMPTZ.oid, encoded))
 
 
+def uuid_array(values: Sequence[bytes]) -> UuidArray:
+    """UUIDs given as their 16 bytes each (``UUID.bytes``)."""
+    if any(len(value) != 16 for value in values):
+        raise ValueError("a UUID is 16 bytes")
+    return UuidArray(_packed(_UUID.oid, values))
+
+
 class _PackedDumper(Dumper):
     format = Format.BINARY
 
@@ -101,9 +113,14 @@ class _TimestamptzArrayDumper(_PackedDumper):
     oid = _TIMESTAMPTZ.array_oid
 
 
+class _UuidArrayDumper(_PackedDumper):
+    oid = _UUID.array_oid
+
+
 def register() -> None:
     """Teach psycopg's global adapters, and so every connection made after, to send packed
     arrays."""
     for kind, dumper in ((TextArray, _TextArrayDumper), (ByteaArray, _ByteaArrayDumper),
-                         (TimestamptzArray, _TimestamptzArrayDumper)):
+                         (TimestamptzArray, _TimestamptzArrayDumper),
+                         (UuidArray, _UuidArrayDumper)):
         psycopg.adapters.register_dumper(kind, dumper)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
+from os import urandom
 from types import MappingProxyType
 from typing import Any
 from uuid import UUID
@@ -21,7 +22,7 @@ from psycopg_pool import AsyncConnectionPool
 from ledger import pgarrays, sqlfiles
 from ledger.errors import LedgerError, LedgerIntegrityError, LedgerUnavailable
 from ledger.jsonenc import dumps
-from ledger.pgarrays import bytea_array, text_array, timestamptz_array
+from ledger.pgarrays import bytea_array, text_array, timestamptz_array, uuid_array
 from ledger.records import AppendResult, NewEvent, StoredEvent
 
 pgarrays.register()  # the append binds its columns as packed arrays (ledger/pgarrays.py)
@@ -33,6 +34,7 @@ def _sql(name: str) -> str:
 
 def _columns(events: Sequence[NewEvent]) -> dict[str, Any]:
     return {
+        "event_id": uuid_array(random_uuids(len(events))),
         "stream": text_array([e.stream for e in events]),
         "event_type": text_array([e.event_type for e in events]),
         "source": text_array([e.source for e in events]),
@@ -46,6 +48,20 @@ def _columns(events: Sequence[NewEvent]) -> dict[str, Any]:
         "occurred_at": timestamptz_array([e.occurred_at for e in events]),
         "received_at": timestamptz_array([e.received_at for e in events]),
     }
+
+
+def random_uuids(count: int) -> list[bytes]:
+    """Version 4 UUIDs, as their bytes, from one read of the OS's random source.
+
+    The column's default, ``gen_random_uuid()``, opens, reads and closes ``/dev/urandom``
+    for every row on a server built without OpenSSL (the embedded one): 5% of an append's
+    server time in a profile (perf), spent under the append lock.
+    """
+    pool = bytearray(urandom(16 * count))
+    for start in range(0, 16 * count, 16):
+        pool[start + 6] = pool[start + 6] & 0x0F | 0x40  # version 4
+        pool[start + 8] = pool[start + 8] & 0x3F | 0x80  # variant: RFC 4122
+    return [bytes(pool[start:start + 16]) for start in range(0, 16 * count, 16)]
 
 
 def _stored_payload(event: NewEvent) -> str | None:

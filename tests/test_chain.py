@@ -6,6 +6,7 @@ import asyncio
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import psycopg
 import pytest
@@ -71,6 +72,24 @@ def test_an_untouched_ledger_verifies_and_an_edited_event_is_named(db_url: str) 
     assert result.first_mismatch == 17 and result.checked == 16  # type: ignore[attr-defined]
     caught = verify_command(db_url)
     assert caught.returncode == 1 and "position 17" in caught.stdout
+
+
+def test_the_trigger_hashes_every_kind_of_row_as_verify_does(db_url: str) -> None:
+    """The trigger writes the digest out inline (0010) and verify calls the function: rows
+    with and without raw bytes, endpoint, occurrence time and stored payload must agree."""
+    delivery = new_event("payment.confirmed", 91000, reference="KIND-1", amount=1000)
+    own = replace(delivery, dedupe_key="own-event", raw_body=None, occurred_at=None,
+                  headers={}, facts={}, payload_json='{"kind": "reconcile", "n": 1.50}')
+    with_headers = replace(delivery, dedupe_key="with-headers", endpoint="general/main",
+                           verified_by="main", headers={"user-agent": "t\u00e9"})
+
+    async def run() -> None:
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+            await append_in(conn, [delivery, own, with_headers])
+            await append_in(conn, [replace(own, dedupe_key="own-again")])
+    asyncio.run(run())
+    result = check(db_url)
+    assert result.intact and result.checked == 4  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("edit", [

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import uuid
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -36,6 +37,16 @@ async def test_append_returns_positions_in_order_and_reads_them_back(
     assert read[0].raw_body == b'{"amount": 1.10}'
     assert read[0].headers == {"user-agent": "t"} and read[0].verified_by == "main"
     assert await store.head() == positions[-1]
+
+
+async def test_event_ids_are_distinct_random_uuids_from_the_writer(
+        pool: AsyncConnectionPool) -> None:
+    await LedgerStore(pool).append([event(f"id-{i}") for i in range(50)])
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT event_id FROM hookledger.ledger")
+        ids = [row[0] for row in await cur.fetchall()]
+    assert len(set(ids)) == 50
+    assert {(i.version, i.variant) for i in ids} == {(4, uuid.RFC_4122)}
 
 
 async def test_jsonb_payload_keeps_amounts_exact(pool: AsyncConnectionPool) -> None:

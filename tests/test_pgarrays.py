@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
+from uuid import UUID
 
 import psycopg
 import pytest
@@ -59,6 +60,17 @@ def test_timestamptz_arrays_keep_the_instant(conn: psycopg.Connection[tuple[obje
     back = round_trip(conn, pgarrays.timestamptz_array(values), "timestamptz")
     assert back == values  # aware datetimes compare as instants
     assert all(b is None or b.tzinfo is not None for b in back)
+
+
+@lists
+@given(st.lists(st.uuids(), max_size=20))
+def test_uuid_arrays(conn: psycopg.Connection[tuple[object, ...]], values: list[UUID]) -> None:
+    assert round_trip(conn, pgarrays.uuid_array([v.bytes for v in values]), "uuid") == values
+
+
+def test_a_uuid_of_the_wrong_length_is_refused() -> None:
+    with pytest.raises(ValueError, match="16 bytes"):
+        pgarrays.uuid_array([b"\x00" * 15])
 
 
 def test_a_naive_time_is_refused_rather_than_guessed() -> None:
