@@ -50,8 +50,8 @@ _START_TIMEOUT_S = 60
 # wal_init_zero: a young cluster grows its write-ahead log by creating 16 MB segment files,
 # and by default fills each with zeros and fsyncs it while every commit waits. Under a
 # saturating load on the development machine that was 15 to 18 new segments in a 15 s
-# round, and the p99 at 64 connections went from about 60 ms to about 21 ms without it
-# (the bare endpoint's, on the same server, from about 60 to about 40). A segment that is
+# round, and in paired runs the p99 at 64 connections went from 56 to 22 ms without it
+# (the bare endpoint's, on the same server, from 55 to 52; README). A segment that is
 # not zero-filled is a sparse file whose blocks are allocated as WAL is written into it;
 # fdatasync then also flushes that allocation, which it must anyway for the data to be
 # readable after a crash, so durability is unchanged. Recycled segments are whole files,
