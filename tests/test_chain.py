@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import os
 import subprocess
 import sys
@@ -141,3 +142,18 @@ def test_a_downgrade_that_would_break_the_chain_is_refused(empty_db_url: str) ->
         migrate.downgrade(empty_db_url, "0008")
     result = check(empty_db_url)
     assert result.intact and result.checked == 3  # type: ignore[attr-defined]
+
+
+def test_migration_0010_keeps_the_digest_function_of_0009_bit_for_bit() -> None:
+    """0010 re-creates ``ledger_event_digest`` from its template; the text must be 0009's,
+    or every hash stored before it would stop verifying."""
+    before = importlib.import_module("migrations.versions.0009_payload_from_raw_body")
+    after = importlib.import_module("migrations.versions.0010_chain_digest_inline")
+
+    def body(sql: str) -> str:
+        start = sql.index("SELECT sha256(")
+        return " ".join(sql[start:sql.index("$$;", start)].split())
+
+    assert body(after.UPGRADE) == body(before._digest(before.PAYLOAD_HASH))
+    assert after.digest_of("NEW") == after.DIGEST.replace("ROW.", "NEW.")
+    assert "ROW." not in after.UPGRADE  # every field rendered for the row it hashes
