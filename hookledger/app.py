@@ -26,6 +26,7 @@ from hookledger.admin_endpoints import ADMIN_ROUTES
 from hookledger.chat_commands import chat_api_factory
 from hookledger.database import libpq_url
 from hookledger.gc_tuning import tuned_for_serving
+from hookledger.http_protocol import complete_body
 from hookledger.settings import Settings
 from ingest.appender import BatchingAppender
 from ingest.chat_body import PLATFORM_ERROR_CAUSES
@@ -97,7 +98,8 @@ def create_app(settings: Settings, database_url: str, *,
         async with contextlib.AsyncExitStack() as stack:
             pool = AsyncConnectionPool(
                 database_url, min_size=2, max_size=settings.db_pool_size, open=False,
-                kwargs={"autocommit": True}, name="hookledger",
+                kwargs={"autocommit": True, "application_name": "hookledger-ingest"},
+                name="hookledger",
             )
             await pool.open(wait=True, timeout=30)
             stack.push_async_callback(pool.close)
@@ -273,7 +275,8 @@ class WebhookFastPath:
         path_params = scope["path_params"] = {param: value}
         response: Answer
         try:
-            response = await endpoint(Incoming(scope, receive, path_params))
+            response = await endpoint(
+                Incoming(scope, receive, path_params, complete_body(receive)))
         except Exception:
             log.exception("request.failed", path=scope["path"])
             response = PlainTextResponse("Internal Server Error", status_code=500)

@@ -8,7 +8,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import Receive
 
 from ingest.errors import BodyTooLarge, BodyTooSlow
-from ingest.incoming import DeliveryRequest
+from ingest.incoming import DeliveryRequest, ready_body
 
 BODY_TIMEOUT_S = 10.0
 
@@ -25,6 +25,11 @@ async def read_limited(request: DeliveryRequest, limit: int,
     if declared is not None and declared.isascii() and declared.isdigit() \
             and int(declared) > limit:
         raise BodyTooLarge("body_too_large", f"declared {declared} bytes, limit {limit}")
+    body = ready_body(request)
+    if body is not None:  # all there already: nothing to wait for, nothing to time
+        if len(body) > limit:
+            raise BodyTooLarge("body_too_large", f"more than {limit} bytes")
+        return body
     try:
         async with asyncio.timeout(timeout_s):
             return await _read(request.receive, limit)

@@ -38,6 +38,11 @@ class DeliveryRequest(Protocol):
     def receive(self) -> Receive: ...
 
 
+def ready_body(request: DeliveryRequest) -> bytes | None:
+    """The body when the server had all of it before the endpoint ran (``Incoming.body_ready``)."""
+    return getattr(request, "body_ready", None)
+
+
 class RawHeaders:
     """The scope's header list, decoded only where asked."""
 
@@ -58,12 +63,14 @@ class RawHeaders:
 
 
 class Incoming:
-    """One webhook request: its path parameter, headers, peer and body channel."""
+    """One webhook request: its path parameter, headers, peer and body channel, and the
+    whole body when the server already had it (``body_ready``; else read ``receive``)."""
 
-    __slots__ = ("client", "headers", "path_params", "receive")
+    __slots__ = ("body_ready", "client", "headers", "path_params", "receive")
 
-    def __init__(self, scope: Scope, receive: Receive,
-                 path_params: dict[str, str]) -> None:
+    def __init__(self, scope: Scope, receive: Receive, path_params: dict[str, str],
+                 body_ready: bytes | None = None) -> None:
+        self.body_ready = body_ready
         self.path_params = path_params
         self.headers = RawHeaders(scope["headers"])
         peer = scope.get("client")

@@ -14,7 +14,14 @@ import pytest
 import uvicorn
 from starlette.types import Receive, Scope, Send
 
-from hookledger.http_protocol import FLUSH_AT, CoalescingHttpToolsProtocol, CoalescingTransport
+from hookledger.http_protocol import (
+    FLUSH_AT,
+    CoalescingHttpToolsProtocol,
+    CoalescingTransport,
+    complete_body,
+)
+from ingest.body import read_limited
+from ingest.incoming import Incoming
 from tests.test_serve_process import free_port
 
 pytestmark = pytest.mark.anyio
@@ -46,6 +53,14 @@ SECOND_PART = asyncio.Event()
 
 async def app(scope: Scope, receive: Receive, send: Send) -> None:
     assert scope["type"] == "http"
+    if scope["path"] == "/body":  # how the webhook endpoints read: "ready:" or "read:" + body
+        ready = complete_body(receive)
+        body = await read_limited(Incoming(scope, receive, {}, ready), 1 << 20)
+        answer = (b"ready:" if ready is not None else b"read:") + body
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", str(len(answer)).encode())]})
+        await send({"type": "http.response.body", "body": answer})
+        return
     while (await receive()).get("more_body"):
         pass
     if scope["path"] == "/stream":  # the second part only after the client saw the first
@@ -103,6 +118,47 @@ async def test_pipelined_requests_are_answered_in_order(port: int) -> None:
     assert [(await read_response(reader))[1] for _ in range(3)] == [b"/a", b"/bb", b"/ccc"]
     assert len(WRITES) == 3
     writer.close()
+
+
+def post(body: bytes, *, extra: bytes = b"") -> bytes:
+    return (b"POST /body HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n" % len(body)
+            + extra + b"\r\n" + body)
+
+
+async def test_a_body_that_came_with_its_headers_is_taken_whole(port: int) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(post(b'{"a": 1}') + post(b"second"))  # pipelined, too
+    assert (await read_response(reader))[1] == b'ready:{"a": 1}'
+    assert (await read_response(reader))[1] == b"ready:second"
+    writer.close()
+
+
+async def test_a_body_still_arriving_is_read_through_receive(port: int) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    message = post(b"x" * 3000)
+    writer.write(message[:-2000])
+    await asyncio.sleep(0.2)  # the app has started with a third of the body
+    writer.write(message[-2000:])
+    assert (await read_response(reader))[1] == b"read:" + b"x" * 3000
+    writer.close()
+
+
+async def test_a_client_awaiting_100_continue_gets_it_and_its_body_is_read(port: int) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    message = post(b"later", extra=b"Expect: 100-continue\r\n")
+    writer.write(message[:-5])
+    assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5) \
+        == b"HTTP/1.1 100 Continue\r\n\r\n"
+    writer.write(b"later")
+    assert (await read_response(reader))[1] == b"read:later"
+    writer.close()
+
+
+def test_a_receive_that_is_not_uvicorns_gives_no_body() -> None:
+    async def receive() -> dict[str, object]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    assert complete_body(receive) is None
 
 
 async def test_a_streamed_body_is_not_held_back_for_its_end(port: int) -> None:
