@@ -29,6 +29,8 @@ import threading
 import time
 from pathlib import Path
 
+import psycopg
+
 from bench.common import fresh_database
 from bench.ingest_bench import (
     delivery,
@@ -42,8 +44,11 @@ from bench.projections_bench import free_port
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def cpu_by_group(serve_pid: int) -> dict[str, float]:
-    """CPU seconds used so far by each group of processes on this machine."""
+def cpu_by_group(serve_pid: int, backends: dict[int, str] | None = None
+                 ) -> dict[str, float]:
+    """CPU seconds used so far by each group of processes on this machine; PostgreSQL's
+    processes split by whom they serve when ``backends`` (pid: label) is given."""
+    backends = backends or {}
     groups: collections.defaultdict[str, float] = collections.defaultdict(float)
     serve = {serve_pid, *children(serve_pid)}
     for entry in os.listdir("/proc"):
@@ -61,10 +66,39 @@ def cpu_by_group(serve_pid: int) -> dict[str, float]:
         elif pid in serve:
             groups["HTTP workers"] += used
         elif b"postgres" in command:
-            groups["PostgreSQL"] += used
+            label = backends.get(pid, ": postmaster, later backends") if backends else ""
+            groups[f"PostgreSQL{label}"] += used
         elif command.startswith(b"wrk"):
             groups["load generator"] += used
     return dict(groups)
+
+
+def backend_labels(url: str) -> dict[int, str]:
+    """PostgreSQL's processes by whom they serve: the ingest workers' appends, the
+    projector, other clients, and the server's own background processes."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute("SELECT pid, coalesce(application_name, ''), backend_type "
+                            "FROM pg_stat_activity").fetchall()
+    labels = {}
+    for pid, name, kind in rows:
+        if name == "hookledger-ingest":
+            labels[pid] = ": ingest appends"
+        elif name.startswith("hookledger-projector"):
+            labels[pid] = ": projector"
+        elif kind == "client backend":
+            labels[pid] = ": other clients"
+        else:
+            labels[pid] = ": background (WAL, checkpoints)"
+    return labels
+
+
+def wal_written(url: str) -> tuple[int, int, int]:
+    """The server's WAL so far: records, full-page images and bytes (PostgreSQL 14+)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT wal_records, wal_fpi, wal_bytes FROM pg_stat_wal"
+                           ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1]), int(row[2])
 
 
 def children(pid: int) -> list[int]:
@@ -136,7 +170,9 @@ def main() -> None:
                          str(max(1, round(args.seconds - 1))), "--rate", "100", "--format",
                          "raw", "--output", str(out)],
                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
-            before, started = cpu_by_group(proc.pid), time.perf_counter()
+            backends = backend_labels(url)
+            wal_before = wal_written(url)
+            before, started = cpu_by_group(proc.pid, backends), time.perf_counter()
             children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
             result: dict[str, int] = {}
 
@@ -152,7 +188,8 @@ def main() -> None:
             runner.start()
             runner.join()
             seconds = time.perf_counter() - started
-            after = cpu_by_group(proc.pid)
+            after = cpu_by_group(proc.pid, backends)
+            wal = [b - a for a, b in zip(wal_before, wal_written(url), strict=True)]
             if use_wrk:  # wrk has exited: its CPU is in this process's reaped children
                 children_after = resource.getrusage(resource.RUSAGE_CHILDREN)
                 after["load generator"] = (
@@ -169,6 +206,9 @@ def main() -> None:
     for group in sorted(after, key=lambda g: -(after[g] - before.get(g, 0))):
         used = after[group] - before.get(group, 0)
         print(f"{group:28} {used / seconds:6.2f} {1e6 * used / max(ok, 1):16.0f}")
+    per = max(ok, 1)
+    print(f"\nWAL per delivery: {wal[0] / per:.1f} records, {wal[1] / per:.2f} full-page "
+          f"images, {wal[2] / per:,.0f} bytes")
     if has_py_spy:
         print("\n" + "\n".join(profile))
     else:
