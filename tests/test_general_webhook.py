@@ -220,3 +220,13 @@ def test_the_collector_is_tuned_while_serving_and_restored_after(db_url: str) ->
     assert serving == (max(GEN0_THRESHOLD, before[0]), *before[1:])
     assert gc.get_freeze_count() == 0
     assert gc.get_threshold() == before
+
+
+def test_the_ingest_connections_are_named_for_pg_stat_activity(service: str,
+                                                                 db_url: str) -> None:
+    raw = encode(general_body("payment.confirmed", 91000, reference="REF-NAMED"))
+    assert post(service, "primary", raw, secret=SECRETS["primary"]).status_code == 200
+    [(named,)] = rows(db_url, "SELECT count(*) FROM pg_stat_activity WHERE "
+                              "datname = current_database() AND "
+                              "application_name = 'hookledger-ingest'")
+    assert named >= 1  # the pool keeps its connections open: the append's is among them
