@@ -92,11 +92,15 @@ def backend_labels(url: str) -> dict[int, str]:
     return labels
 
 
-def wal_written(url: str) -> tuple[int, int, int]:
-    """The server's WAL so far: records, full-page images and bytes (PostgreSQL 14+)."""
+def wal_written(url: str) -> tuple[int, int, int] | None:
+    """The server's WAL so far: records, full-page images and bytes; None before
+    PostgreSQL 14, which has no ``pg_stat_wal`` (the project supports 13)."""
     with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute("SELECT wal_records, wal_fpi, wal_bytes FROM pg_stat_wal"
-                           ).fetchone()
+        try:
+            row = conn.execute("SELECT wal_records, wal_fpi, wal_bytes FROM pg_stat_wal"
+                               ).fetchone()
+        except psycopg.errors.UndefinedTable:
+            return None
     assert row is not None
     return int(row[0]), int(row[1]), int(row[2])
 
@@ -189,7 +193,9 @@ def main() -> None:
             runner.join()
             seconds = time.perf_counter() - started
             after = cpu_by_group(proc.pid, backends)
-            wal = [b - a for a, b in zip(wal_before, wal_written(url), strict=True)]
+            wal_after = wal_written(url)
+            wal = ([b - a for a, b in zip(wal_before, wal_after, strict=True)]
+                   if wal_before and wal_after else None)
             if use_wrk:  # wrk has exited: its CPU is in this process's reaped children
                 children_after = resource.getrusage(resource.RUSAGE_CHILDREN)
                 after["load generator"] = (
@@ -208,10 +214,11 @@ def main() -> None:
         print(f"{group:28} {used / seconds:6.2f} {1e6 * used / max(ok, 1):16.0f}")
     per = max(ok, 1)
     print(f"\nWAL per delivery: {wal[0] / per:.1f} records, {wal[1] / per:.2f} full-page "
-          f"images, {wal[2] / per:,.0f} bytes")
+          f"images, {wal[2] / per:,.0f} bytes" if wal else
+          "\nWAL per delivery: not shown (pg_stat_wal needs PostgreSQL 14)")
     if has_py_spy:
         print("\n" + "\n".join(profile))
-    else:
+    elif not args.no_profile:
         print("\n(py-spy is not installed: pip install py-spy, for where the time goes)")
 
 
