@@ -3,22 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime
 
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from ingest.appender import BatchingAppender
-from ledger import LedgerStore, NewEvent
+from ledger import LedgerStore
+from tests.projection_events import new_event
 
-
-def event(i: int) -> NewEvent:
-    return NewEvent(stream=f"collection:G-{i}", event_type="payment.confirmed",
-                    source="general", dedupe_key=f"general:group-{i}",
-                    payload_json=f'{{"reference": "G-{i}"}}',
-                    received_at=datetime(2026, 11, 24, 9, 0, i % 60, tzinfo=UTC),
-                    facts={"reference": f"G-{i}"}, raw_body=b'{"reference": "G-%d"}' % i,
-                    headers={"user-agent": "t"}, endpoint="general/main", verified_by="main")
+EVENTS = [new_event("payment.confirmed", 91000, reference=f"G-{i}") for i in range(50)]
+KEYS = [e.dedupe_key for e in EVENTS]
 
 
 async def stored_keys(pool: AsyncConnectionPool) -> list[str]:
@@ -33,15 +27,15 @@ async def test_concurrent_callers_share_batches_and_each_learns_its_own_position
         pool: AsyncConnectionPool) -> None:
     appender = BatchingAppender(LedgerStore(pool).append)
     appender.start()
-    results = await asyncio.gather(*(appender.append(event(i)) for i in range(50)),
-                                   appender.append(event(7)))
+    results = await asyncio.gather(*(appender.append(e) for e in EVENTS),
+                                   appender.append(EVENTS[7]))
     await appender.close()
-    assert appender.batches < 50  # they queued behind one another's commits
-    assert [r.duplicate for r in results] == [False] * 50 + [True]
-    assert results[50].position == results[7].position
-    positions = [r.position for r in results[:50]]
+    assert appender.batches < len(EVENTS)  # they queued behind one another's commits
+    assert [r.duplicate for r in results] == [False] * len(EVENTS) + [True]
+    assert results[-1].position == results[7].position
+    positions = [r.position for r in results[:-1]]
     assert positions == sorted(positions)  # the ledger's order is the order of arrival
-    assert await stored_keys(pool) == [f"general:group-{i}" for i in range(50)]
+    assert await stored_keys(pool) == KEYS
 
 
 @pytest.mark.anyio
@@ -50,9 +44,9 @@ async def test_a_caller_that_goes_away_cancels_neither_its_batch_nor_the_appende
     """Its event was received and is committed with the rest; only its answer is lost."""
     appender = BatchingAppender(LedgerStore(pool).append)
     appender.start()
-    first = asyncio.create_task(appender.append(event(0)))
+    first = asyncio.create_task(appender.append(EVENTS[0]))
     await asyncio.sleep(0)  # the appender takes event 0 and starts committing it
-    callers = [asyncio.create_task(appender.append(event(i))) for i in range(1, 11)]
+    callers = [asyncio.create_task(appender.append(e)) for e in EVENTS[1:11]]
     await asyncio.sleep(0)
     callers[4].cancel()  # queued behind event 0's commit
     first.cancel()  # its commit is in flight
@@ -61,7 +55,7 @@ async def test_a_caller_that_goes_away_cancels_neither_its_batch_nor_the_appende
     assert isinstance(done[5], asyncio.CancelledError)
     answered = [r for r in done if not isinstance(r, BaseException)]
     assert len(answered) == 9 and all(not r.duplicate for r in answered)
-    later = await appender.append(event(11))
+    later = await appender.append(EVENTS[11])
     await appender.close()
     assert not later.duplicate
-    assert await stored_keys(pool) == [f"general:group-{i}" for i in range(12)]
+    assert await stored_keys(pool) == KEYS[:12]
