@@ -14,8 +14,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 
+import structlog
+
 from ingest.spool import Spool
 from ledger import AppendResult, LedgerError, LedgerUnavailable, NewEvent
+
+log = structlog.get_logger("hookledger.ingest")
 
 AppendMany = Callable[[Sequence[NewEvent]], Awaitable[list[AppendResult]]]
 
@@ -76,6 +80,18 @@ class BatchingAppender:
                 return
 
     async def _flush(self, batch: list[tuple[NewEvent, asyncio.Future[AppendResult]]]) -> None:
+        """Commit one batch and answer its callers, whatever goes wrong on the way: an
+        exception escaping here would end the appender's task, and every delivery after it
+        would wait for an answer that never comes."""
+        try:
+            await self._commit(batch)
+        except Exception:
+            for _, future in batch:
+                _settle(future, exc=LedgerUnavailable("append failed"))
+            log.exception("appender.flush_failed", events=len(batch))
+
+    async def _commit(self, batch: list[tuple[NewEvent, asyncio.Future[AppendResult]]]
+                      ) -> None:
         events = [event for event, _ in batch]
         if self._spool is not None and self._spool.backlog:
             # spooled events not yet drained go first: keep arrival order
@@ -97,7 +113,7 @@ class BatchingAppender:
                 return
             # one bad event must not sink the others: retry each on its own
             for item in batch:
-                await self._flush([item])
+                await self._commit([item])
             return
         except BaseException as exc:
             for _, future in batch:
@@ -107,10 +123,10 @@ class BatchingAppender:
             return
         self.batches += 1
         self.events += len(batch)
-        if self._on_batch is not None:
-            self._on_batch(len(batch))
         for (_, future), result in zip(batch, results, strict=True):
             _settle(future, result=result)
+        if self._on_batch is not None:  # after the answers: they are committed whatever it does
+            self._on_batch(len(batch))
 
 
     async def _to_spool(self, batch: list[tuple[NewEvent, asyncio.Future[AppendResult]]]

@@ -59,3 +59,26 @@ async def test_a_caller_that_goes_away_cancels_neither_its_batch_nor_the_appende
     await appender.close()
     assert not later.duplicate
     assert await stored_keys(pool) == KEYS[:12]
+
+
+
+@pytest.mark.anyio
+async def test_a_failure_after_the_commit_neither_loses_the_answer_nor_stops_the_appender(
+        pool: AsyncConnectionPool) -> None:
+    """A bug beside the commit (here the batch-size metric) is logged; the callers of that
+    batch still learn their positions, and the deliveries after it are still appended."""
+    sizes: list[int] = []
+
+    def metric_failing_once(size: int) -> None:
+        sizes.append(size)
+        if len(sizes) == 1:
+            raise RuntimeError("a bug in a metric")
+
+    appender = BatchingAppender(LedgerStore(pool).append, on_batch=metric_failing_once)
+    appender.start()
+    first = await asyncio.wait_for(appender.append(EVENTS[0]), timeout=5)
+    later = await asyncio.wait_for(appender.append(EVENTS[1]), timeout=5)
+    await appender.close()
+    assert first.position and later.position > first.position
+    assert sizes == [1, 1]
+    assert await stored_keys(pool) == KEYS[:2]
