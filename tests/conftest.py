@@ -9,6 +9,8 @@ database, and each test gets its own clone: real PostgreSQL, fast, isolated.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -91,3 +93,13 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.section("fault cases")
         for line in FIGURES:
             terminalreporter.write_line(line)
+
+
+@pytest.fixture
+def bench_tmpdir() -> Iterator[Path]:
+    """A short, world-traversable TMPDIR: the embedded server's socket path must fit in
+    ``sun_path``, and under root the server runs as its own OS user."""
+    folder = Path(tempfile.mkdtemp(prefix="hl-bench-"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)

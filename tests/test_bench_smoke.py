@@ -8,27 +8,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture
-def bench_tmpdir() -> Iterator[Path]:
-    """A short, world-traversable TMPDIR: the embedded server's socket path must fit in
-    ``sun_path``, and under root the server runs as its own OS user."""
-    folder = Path(tempfile.mkdtemp(prefix="hl-bench-"))
-    folder.chmod(0o755)
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_every_benchmark_runs_at_smoke_size_and_counts_what_it_acknowledged(
