@@ -100,13 +100,15 @@ def _fresh_database() -> Iterator[str]:
         migrate.upgrade(url)
         yield url
     finally:
-        if created:
-            with psycopg.connect(admin, autocommit=True) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        if server is not None:
-            server.stop()
-        if home is not None:  # the cluster is the bench's own: a 5M-event run leaves GBs
-            shutil.rmtree(home, ignore_errors=True)
+        try:
+            if created:
+                with psycopg.connect(admin, autocommit=True) as conn:
+                    conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:  # a server that will not drop the database is still stopped and removed
+            if server is not None:
+                server.stop()
+            if home is not None:  # the cluster is the bench's own: a 5M-event run leaves GBs
+                shutil.rmtree(home, ignore_errors=True)
 
 
 def write_results(name: str, figures: dict[str, Any]) -> Path:
