@@ -128,7 +128,6 @@ class BatchingAppender:
         if self._on_batch is not None:  # after the answers: they are committed whatever it does
             self._on_batch(len(batch))
 
-
     async def _to_spool(self, batch: list[tuple[NewEvent, asyncio.Future[AppendResult]]]
                         ) -> None:
         assert self._spool is not None

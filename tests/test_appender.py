@@ -61,7 +61,6 @@ async def test_a_caller_that_goes_away_cancels_neither_its_batch_nor_the_appende
     assert await stored_keys(pool) == KEYS[:12]
 
 
-
 @pytest.mark.anyio
 async def test_a_failure_after_the_commit_neither_loses_the_answer_nor_stops_the_appender(
         pool: AsyncConnectionPool) -> None:
