@@ -233,20 +233,29 @@ class EmbeddedPostgres:
         self.root.mkdir(parents=True, exist_ok=True)
         self.users_dir.mkdir(exist_ok=True)
         with self._locked():
-            if self._run_as is not None:
-                _ensure_os_user(self._run_as)
-                for folder in _grant_search(self.root, self._run_as):
-                    print(f"hookledger: allowed user {self._run_as!r} to traverse {folder} "
-                          "(o+x) so the embedded PostgreSQL can reach its data",
-                          file=sys.stderr)
-            binaries = find_binaries(self._run_as)
-            if not (self.data_dir / "PG_VERSION").exists():
-                self._initdb(binaries)
-            if not self._running(binaries):
-                self._start_server(binaries)
-            self._ensure_database(binaries)
+            # registered before anything is started: a start that fails or is interrupted
+            # halfway (Ctrl-C, SIGTERM as SystemExit) leaves again, and so stops a server it
+            # started that no other live process uses, instead of leaving it running
             (self.users_dir / str(os.getpid())).touch()
             self._registered = True
+            binaries: PostgresBinaries | None = None
+            try:
+                if self._run_as is not None:
+                    _ensure_os_user(self._run_as)
+                    for folder in _grant_search(self.root, self._run_as):
+                        print(f"hookledger: allowed user {self._run_as!r} to traverse "
+                              f"{folder} (o+x) so the embedded PostgreSQL can reach its data",
+                              file=sys.stderr)
+                binaries = find_binaries(self._run_as)
+                if not (self.data_dir / "PG_VERSION").exists():
+                    self._initdb(binaries)
+                if not self._running(binaries):
+                    self._start_server(binaries)
+                self._ensure_database(binaries)
+            except BaseException:
+                with contextlib.suppress(Exception):  # the start's own error is the one to see
+                    self._leave(binaries)
+                raise
         return self.url()
 
     def stop(self) -> None:
@@ -254,13 +263,7 @@ class EmbeddedPostgres:
         if not self._registered:
             return
         with self._locked():
-            (self.users_dir / str(os.getpid())).unlink(missing_ok=True)
-            self._registered = False
-            if self._live_users():
-                return
-            binaries = find_binaries(self._run_as)
-            if self._running(binaries):
-                self._pg_ctl(binaries, "stop", "-m", "fast", "-w", "-t", str(_START_TIMEOUT_S))
+            self._leave(None)
 
     def __enter__(self) -> str:
         return self.start()
@@ -269,6 +272,17 @@ class EmbeddedPostgres:
         self.stop()
 
     # -- internals ----------------------------------------------------------------------
+
+    def _leave(self, binaries: PostgresBinaries | None) -> None:
+        """Unregister this process and stop the server if no live user is left. Called
+        holding the lock."""
+        (self.users_dir / str(os.getpid())).unlink(missing_ok=True)
+        self._registered = False
+        if self._live_users():
+            return
+        binaries = binaries or find_binaries(self._run_as)
+        if self._running(binaries):
+            self._pg_ctl(binaries, "stop", "-m", "fast", "-w", "-t", str(_START_TIMEOUT_S))
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
