@@ -236,6 +236,7 @@ class EmbeddedPostgres:
             # registered before anything is started: a start that fails or is interrupted
             # halfway (Ctrl-C, SIGTERM as SystemExit) leaves again, and so stops a server it
             # started that no other live process uses, instead of leaving it running
+            joined_before = self._registered  # a repeated start that fails keeps the first
             (self.users_dir / str(os.getpid())).touch()
             self._registered = True
             binaries: PostgresBinaries | None = None
@@ -253,8 +254,9 @@ class EmbeddedPostgres:
                     self._start_server(binaries)
                 self._ensure_database(binaries)
             except BaseException:
-                with contextlib.suppress(Exception):  # the start's own error is the one to see
-                    self._leave(binaries)
+                if not joined_before:
+                    with contextlib.suppress(Exception):  # the start's error is the one to see
+                        self._leave(binaries)
                 raise
         return self.url()
 

@@ -41,3 +41,23 @@ def test_a_start_that_stops_after_the_server_came_up_stops_the_server(
     finally:
         server.stop()
     assert not postgres_running(home)
+
+
+def test_a_repeated_start_that_fails_keeps_the_running_server(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home = tmp_path / "home"
+    server = EmbeddedPostgres(home)
+    url = server.start()
+    try:
+        def failing(binaries: object) -> None:
+            raise EmbeddedPostgresError("cannot create the database")
+
+        monkeypatch.setattr(server, "_ensure_database", failing)
+        with pytest.raises(EmbeddedPostgresError):
+            server.start()
+        assert postgres_running(home)  # this process still uses it
+        with psycopg.connect(url) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        server.stop()
+    assert not postgres_running(home)
