@@ -191,7 +191,8 @@ def _grant_search(path: Path, os_user: str) -> list[Path]:
     return changed
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (one of another user's counts too)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -301,7 +302,7 @@ class EmbeddedPostgres:
             if not entry.name.isdigit():
                 continue
             pid = int(entry.name)
-            if _pid_alive(pid):
+            if pid_alive(pid):
                 live.append(pid)
             else:
                 entry.unlink(missing_ok=True)

@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+from hookledger.embedded_postgres import pid_alive
+
 ROOT = Path(__file__).resolve().parent.parent
 
 HOLD_A_FRESH_DATABASE = """
@@ -18,14 +20,6 @@ with fresh_database() as url:
     print(url, flush=True)
     time.sleep(600)
 """
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_sigterm_stops_the_embedded_server_and_removes_its_cluster(
@@ -42,16 +36,16 @@ def test_sigterm_stops_the_embedded_server_and_removes_its_cluster(
         [home] = bench_tmpdir.glob("hookledger-bench-*")
         postmaster = int((home / "postgres" / "data" / "postmaster.pid")
                          .read_text().split()[0])
-        assert _alive(postmaster)
+        assert pid_alive(postmaster)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 128 + signal.SIGTERM
         deadline = time.monotonic() + 10
-        while _alive(postmaster) and time.monotonic() < deadline:
+        while pid_alive(postmaster) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not _alive(postmaster)
+        assert not pid_alive(postmaster)
         assert not home.exists()
     finally:  # on failure, leave no server behind (SIGQUIT: its immediate shutdown)
         if proc.poll() is None:
             proc.kill()
-        if postmaster and _alive(postmaster):
+        if postmaster and pid_alive(postmaster):
             os.kill(postmaster, signal.SIGQUIT)

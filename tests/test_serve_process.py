@@ -14,6 +14,7 @@ import httpx
 import psycopg
 import pytest
 
+from hookledger.embedded_postgres import pid_alive
 from tests.general_events import encode, general_body
 from tests.signing import general_header
 
@@ -54,12 +55,7 @@ def postgres_running(home: Path) -> bool:
     pid_file = home / "postgres" / "data" / "postmaster.pid"
     if not pid_file.exists():
         return False
-    pid = int(pid_file.read_text().split()[0])
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+    return pid_alive(int(pid_file.read_text().split()[0]))
 
 
 def started_at(pid: int) -> str | None:
