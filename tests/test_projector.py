@@ -15,11 +15,13 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from ledger import LedgerStore, NewEvent
+from ledger.schema import PRIVATE_SCHEMA
 from projections.live import LiveProjector
-from projections.projector import project_batch
+from projections.projector import PROJECTIONS_BY_TABLE, connect, project_batch, store_changed
 from projections.rebuild import rebuild, verify
 from projections.registry import PROJECTIONS, Projection
 from tests.general_events import encode, general_body
@@ -120,6 +122,41 @@ def test_rebuild_gives_exactly_what_the_live_projector_built(db_url: str) -> Non
     assert result.events >= len(events)
     assert snapshot(db_url) == live
     assert applied_counts(db_url) == expected_applications(events)
+
+
+def test_a_new_subjects_row_is_copied_in_a_known_one_updated_and_neither_ever_doubled(
+        db_url: str) -> None:
+    """The live projector copies the row of a subject new to a projection straight into
+    the table, and upserts the others (``store_changed``). A row taken for new when one is
+    already there fails the write on its key: it never becomes a second row."""
+    asyncio.run(append_all(db_url, [
+        new_event("payment.confirmed", 91000, reference="FRESH-1", amount=700)]))
+    asyncio.run(project_all(db_url))  # new: copied in
+    asyncio.run(append_all(db_url, [
+        new_event("payment.refunded", 91010, reference="FRESH-1",
+                  timestamp="20261122090000")]))
+    asyncio.run(project_all(db_url))  # known: upserted, or the copy would fail here
+
+    def stored_rows() -> list[tuple[Any, ...]]:
+        with psycopg.connect(db_url) as conn:
+            return conn.execute("SELECT outcome, event_count FROM hookledger_private.payments "
+                                "WHERE reference = 'FRESH-1'").fetchall()
+
+    assert stored_rows() == [("refunded", 2)]
+
+    async def write_it_again_as_new() -> None:
+        async with await connect(db_url) as conn:
+            async with conn.cursor(row_factory=dict_row) as cur:
+                await cur.execute("SELECT * FROM hookledger_private.payments")
+                row = await cur.fetchone()
+            assert row is not None
+            with pytest.raises(psycopg.errors.UniqueViolation):
+                async with conn.transaction():
+                    await store_changed(conn, PRIVATE_SCHEMA, PROJECTIONS_BY_TABLE["payments"],
+                                        {"FRESH-1": row}, known={})
+
+    asyncio.run(write_it_again_as_new())
+    assert stored_rows() == [("refunded", 2)]
 
 
 def test_a_rebuild_that_spills_rows_and_reads_them_back_still_equals_live(db_url: str) -> None:
