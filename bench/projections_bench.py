@@ -33,7 +33,7 @@ from bench.common import fresh_database, write_results
 from bench.ledger_mix import Mix
 from bench.loadgen import Answer, percentile, post_request, run
 from ledger.store import append_in
-from projections.projector import project_batch
+from projections.projector import connect, project_batch
 from projections.rebuild import rebuild
 from projections.registry import PROJECTIONS
 
@@ -68,7 +68,7 @@ async def reset_projections(url: str) -> None:
 async def live_projector(url: str, batch_size: int = 1000) -> tuple[int, float]:
     started = time.perf_counter()
     applied = 0
-    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+    async with await connect(url) as conn:  # serve's projector connection, set up alike
         while n := await project_batch(conn, batch_size=batch_size):
             applied += n
     return applied, time.perf_counter() - started
