@@ -1,13 +1,16 @@
 """Where ingest's time goes: py-spy on every ``serve`` process under load, and the CPU split.
 
-    python -m bench.profile_ingest [--seconds 10] [--workers 1] [--top 25]
+    python -m bench.profile_ingest [--seconds 10] [--workers 1] [--top 25] [--states]
 
 Runs ``hookledger serve`` on a fresh database, loads it with pre-signed distinct deliveries
 (wrk when installed, else ``bench/loadgen.py``), and meanwhile
 
 * counts the CPU seconds of each group of processes (HTTP workers, the supervisor with the
   projector, PostgreSQL, the load generator) from ``/proc``, as cores and as microseconds
-  per acknowledged delivery;
+  per acknowledged delivery, and the time each group's threads were runnable but waited
+  for a core;
+* with ``--states``, samples what the appending PostgreSQL backends do (running, waiting
+  for the WAL fsync, idle between statements);
 * samples every ``serve`` process with py-spy (``pip install py-spy``; without it only the
   CPU split is printed) and prints the functions with the most samples, by own time and
   including what they call.
@@ -27,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -48,29 +52,58 @@ def cpu_by_group(serve_pid: int, backends: dict[int, str] | None = None
                  ) -> dict[str, float]:
     """CPU seconds used so far by each group of processes on this machine; PostgreSQL's
     processes split by whom they serve when ``backends`` (pid: label) is given."""
-    backends = backends or {}
     groups: collections.defaultdict[str, float] = collections.defaultdict(float)
+    for pid, group in processes_by_group(serve_pid, backends):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        groups[group] += (int(fields[11]) + int(fields[12])) / TICKS
+    return dict(groups)
+
+
+def waits_by_group(serve_pid: int, backends: dict[int, str] | None = None
+                   ) -> dict[str, float]:
+    """Seconds each group's threads have spent runnable but waiting for a core (the
+    scheduler's run queue, ``/proc/<pid>/task/<tid>/schedstat``): a process that is
+    seldom idle yet gets less than a core shows here, not in its CPU time."""
+    groups: collections.defaultdict[str, float] = collections.defaultdict(float)
+    for pid, group in processes_by_group(serve_pid, backends):
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                waited = Path(f"/proc/{pid}/task/{task}/schedstat").read_text().split()[1]
+            except (OSError, IndexError):
+                continue
+            groups[group] += int(waited) / 1e9
+    return dict(groups)
+
+
+def processes_by_group(serve_pid: int, backends: dict[int, str] | None
+                       ) -> Iterator[tuple[int, str]]:
+    """(pid, group) of every process of ``serve``, PostgreSQL and the load generator."""
+    backends = backends or {}
     serve = {serve_pid, *children(serve_pid)}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             command = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
         pid = int(entry)
-        used = (int(fields[11]) + int(fields[12])) / TICKS
         if pid == serve_pid:
-            groups["supervisor (projector)"] += used
+            yield pid, "supervisor (projector)"
         elif pid in serve:
-            groups["HTTP workers"] += used
+            yield pid, "HTTP workers"
         elif b"postgres" in command:
             label = backends.get(pid, ": postmaster, later backends") if backends else ""
-            groups[f"PostgreSQL{label}"] += used
+            yield pid, f"PostgreSQL{label}"
         elif command.startswith(b"wrk"):
-            groups["load generator"] += used
-    return dict(groups)
+            yield pid, "load generator"
 
 
 def backend_labels(url: str) -> dict[int, str]:
@@ -103,6 +136,24 @@ def wal_written(url: str) -> tuple[int, int, int] | None:
             return None
     assert row is not None
     return int(row[0]), int(row[1]), int(row[2])
+
+
+def backend_states(url: str, runner: threading.Thread, every_s: float = 0.002
+                   ) -> collections.Counter[str]:
+    """What the appends are doing while ``runner`` lives, sampled every ``every_s``: the
+    state of each appending backend that is in a statement (running, or waiting for a
+    named event), or that none is (the workers are between appends)."""
+    seen: collections.Counter[str] = collections.Counter()
+    with psycopg.connect(url, autocommit=True) as conn:
+        while runner.is_alive():
+            active = [f"waiting for {kind}/{event}" if event else "running"
+                      for state, kind, event in conn.execute(
+                          "SELECT state, wait_event_type, wait_event FROM pg_stat_activity "
+                          "WHERE application_name = 'hookledger-ingest'").fetchall()
+                      if state == "active"]
+            seen.update(active or ["no append in progress"])
+            time.sleep(every_s)
+    return seen
 
 
 def children(pid: int) -> list[int]:
@@ -151,6 +202,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--states", action="store_true",
+                        help="also sample what the appending backends do every 2 ms "
+                             "(the sampling costs some CPU itself)")
     parser.add_argument("--no-profile", action="store_true",
                         help="only the CPU split (py-spy itself costs CPU)")
     args = parser.parse_args()
@@ -177,6 +231,7 @@ def main() -> None:
             backends = backend_labels(url)
             wal_before = wal_written(url)
             before, started = cpu_by_group(proc.pid, backends), time.perf_counter()
+            waits_before = waits_by_group(proc.pid, backends)
             children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
             result: dict[str, int] = {}
 
@@ -190,9 +245,11 @@ def main() -> None:
 
             runner = threading.Thread(target=load)
             runner.start()
+            states = backend_states(url, runner) if args.states else None
             runner.join()
             seconds = time.perf_counter() - started
             after = cpu_by_group(proc.pid, backends)
+            waits_after = waits_by_group(proc.pid, backends)
             wal_after = wal_written(url)
             wal = ([b - a for a, b in zip(wal_before, wal_after, strict=True)]
                    if wal_before and wal_after else None)
@@ -208,14 +265,23 @@ def main() -> None:
     ok = result.get("ok", 0)
     print(f"\n{ok:,} deliveries acknowledged in {seconds:.1f} s ({ok / seconds:,.0f}/s), "
           f"{'wrk' if use_wrk else 'loadgen'}, {args.workers} workers")
-    print(f"{'CPU by process group':28} {'cores':>6} {'us per delivery':>16}")
+    print(f"{'CPU by process group':28} {'cores':>6} {'us per delivery':>16} "
+          f"{'waiting for a core':>19}")
     for group in sorted(after, key=lambda g: -(after[g] - before.get(g, 0))):
         used = after[group] - before.get(group, 0)
-        print(f"{group:28} {used / seconds:6.2f} {1e6 * used / max(ok, 1):16.0f}")
+        # the load generator starts after the first look: its waits are not counted
+        waited = (f"{(waits_after[group] - waits_before[group]) / seconds:19.2f}"
+                  if group in waits_before and group in waits_after else f"{'-':>19}")
+        print(f"{group:28} {used / seconds:6.2f} {1e6 * used / max(ok, 1):16.0f} {waited}")
     per = max(ok, 1)
     print(f"\nWAL per delivery: {wal[0] / per:.1f} records, {wal[1] / per:.2f} full-page "
           f"images, {wal[2] / per:,.0f} bytes" if wal else
           "\nWAL per delivery: not shown (pg_stat_wal needs PostgreSQL 14)")
+    if states is not None:
+        print("\nthe appending backends, sampled every 2 ms:")
+        total = sum(states.values()) or 1
+        for state, n in states.most_common(8):
+            print(f"  {100 * n / total:5.1f}%  {state}")
     if has_py_spy:
         print("\n" + "\n".join(profile))
     elif not args.no_profile:
