@@ -41,7 +41,7 @@ from ingest.responses import Accepted
 from ingest.spool import Spool
 from ingest.spool_drain import SpoolDrainer
 from ledger import LedgerStore
-from projections.live import LiveProjector
+from projections.live import LiveProjector, application_name
 
 log = structlog.get_logger("hookledger.service")
 
@@ -136,7 +136,7 @@ def create_app(settings: Settings, database_url: str, *,
                 error_causes={**PLATFORM_ERROR_CAUSES, **settings.chat_error_causes})
             chat_api = chat_api_factory(settings)
             app.state.chat_ops = ChatOps(chat_secrets, store, settings.home, chat_api)
-            if projector_name is None:
+            if projector_name is None and settings.projector:
                 projector = live_projector(settings, database_url)
                 app.state.projector_name = projector.name
                 projector_task = asyncio.create_task(projector.run(),
@@ -147,8 +147,8 @@ def create_app(settings: Settings, database_url: str, *,
                     await projector_task
 
                 stack.push_async_callback(stop_projector)
-            else:
-                app.state.projector_name = projector_name
+            else:  # projected by the supervisor, or elsewhere (HOOKLEDGER_PROJECTOR=off)
+                app.state.projector_name = projector_name or application_name()
             if chat_api is not None:  # media is fetched off the request path, from the ledger
                 media = MediaFetcher(
                     pool=pool, ledger=store, api=chat_api(), store=MediaStore(settings.home),

@@ -117,13 +117,52 @@ def _serve_workers(settings: Settings, url: str, started: float) -> None:
     log.info("service.workers", workers=settings.workers,
              seconds=round(time.perf_counter() - started, 3))
     # the workers only answer; folding runs here, beside the supervisor, off their loops
-    projector = ProjectorThread(live_projector(settings, url, projector_name))
-    projector.start()
+    projector = (ProjectorThread(live_projector(settings, url, projector_name))
+                 if settings.projector else None)
+    if projector is not None:
+        projector.start()
+    else:
+        log.info("projector.off", reason="HOOKLEDGER_PROJECTOR=off: a `hookledger project` "
+                                         "process projects this database")
     try:
         with tuned_for_serving():  # as in each worker (hookledger.app), for the projector
             Multiprocess(config, sockets=[sock]).run()
     finally:
-        projector.stop()
+        if projector is not None:
+            projector.stop()
+
+
+@main.command()
+def project() -> None:
+    """Project the ledger live, without receiving webhooks, until SIGINT/SIGTERM.
+
+    For an instance of its own beside ``serve`` processes started with
+    ``HOOKLEDGER_PROJECTOR=off``, so that folding never takes their cores. Leadership is
+    the same advisory lock as ``serve``'s: several may run, one projects.
+    """
+    import asyncio
+
+    from hookledger.app import live_projector
+
+    settings = load_settings()
+    configure_logging(settings)
+    try:
+        with database(settings) as url:
+            migrate.upgrade(url)
+            asyncio.run(_project_until_signalled(live_projector(settings, url)))
+    except EmbeddedPostgresError as exc:
+        _fail(str(exc))
+    log.info("projector.exited")
+
+
+async def _project_until_signalled(projector: Any) -> None:
+    """Run ``projector`` until SIGINT or SIGTERM; it stops at a batch boundary."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, projector.stop)
+    await projector.run()
 
 
 @main.command(name="migrate")

@@ -112,6 +112,7 @@ class Settings(BaseSettings):
     append_max_wait_ms: float = Field(default=0.0, ge=0)
     append_timeout_s: float = Field(default=2.0, gt=0)
     rejected_keep: int = Field(default=100_000, gt=0)
+    projector: bool = True  # off: this serve never projects; a `hookledger project` does
     projector_batch_size: int = Field(default=1000, gt=0)
     projector_coalesce_ms: float = Field(default=50.0, ge=0, le=5000)
     # chat capability: API field names the spec does not give, error table, media worker

@@ -28,11 +28,12 @@ def free_port() -> int:
 
 
 def hookledger(home: Path, *args: str, port: int | None = None, workers: int = 1,
+               settings: dict[str, str] | None = None,
                **popen: object) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKLEDGER_")}
     env.update(HOOKLEDGER_HOME=str(home), HOOKLEDGER_GENERAL_SECRETS="main=proc-secret",
                HOOKLEDGER_PORT=str(port or free_port()), HOOKLEDGER_LOG_FORMAT="json",
-               HOOKLEDGER_WORKERS=str(workers))
+               HOOKLEDGER_WORKERS=str(workers), **(settings or {}))
     return subprocess.Popen([sys.executable, "-m", "hookledger", *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)  # type: ignore[call-overload]
 
@@ -127,6 +128,59 @@ def test_workers_share_one_socket_one_ledger_and_stop_with_the_supervisor(
     assert not postgres_running(home), "the embedded server outlived the workers"
     for pid, started in workers:  # the same pid may already be another, newer process
         assert started_at(pid) != started, "a worker outlived its supervisor"
+
+
+def test_a_serve_with_its_projector_off_only_ingests_and_a_project_process_folds(
+        tmp_path: Path) -> None:
+    """``HOOKLEDGER_PROJECTOR=off``: serve acknowledges and stores, never folds; ``hookledger
+    project`` on the same database folds what is there and what comes, and stops on
+    SIGTERM at a batch boundary, exit 0."""
+    home = tmp_path / "roles-home"
+    port = free_port()
+    ingest = hookledger(home, "serve", port=port, settings={"HOOKLEDGER_PROJECTOR": "off"})
+    projector: subprocess.Popen[bytes] | None = None
+    try:
+        wait_ready(port, ingest)
+        url = subprocess.run([sys.executable, "-m", "hookledger", "db", "url"],
+                             env={**os.environ, "HOOKLEDGER_HOME": str(home)},
+                             capture_output=True, text=True, check=True).stdout.strip()
+
+        def deliver(reference: str) -> None:
+            raw = encode(general_body("payment.confirmed", 91000, reference=reference))
+            answer = httpx.post(
+                f"http://127.0.0.1:{port}/webhooks/general/main", content=raw,
+                headers={"x-service-signature": general_header("proc-secret", raw)})
+            assert answer.status_code == 200
+
+        def projected() -> list[str]:
+            with psycopg.connect(url) as conn:
+                return [r for (r,) in conn.execute(
+                    "SELECT reference FROM hookledger.payments ORDER BY reference")]
+
+        def wait_for(references: list[str]) -> None:
+            deadline = time.monotonic() + 30
+            while projected() != references:
+                assert time.monotonic() < deadline, f"projected only {projected()}"
+                time.sleep(0.1)
+
+        deliver("R-ROLE-1")
+        time.sleep(1.5)  # serve's own projector folds within about 0.1 s
+        with psycopg.connect(url) as conn:
+            assert conn.execute("SELECT count(*) FROM hookledger.ledger").fetchone() == (1,)
+        assert projected() == []
+        projector = hookledger(home, "project")
+        wait_for(["R-ROLE-1"])
+        deliver("R-ROLE-2")
+        wait_for(["R-ROLE-1", "R-ROLE-2"])
+        assert stop(projector) == 0, projector.stderr.read().decode() if projector.stderr \
+            else ""
+        assert postgres_running(home), "the projector stopped the server serve still uses"
+    finally:
+        if projector is not None and projector.poll() is None:
+            stop(projector)
+        code = stop(ingest)
+    assert code == 0, ingest.stderr.read().decode() if ingest.stderr else ""
+    assert not postgres_running(home)
 
 
 def test_two_processes_share_one_embedded_server_and_the_last_stops_it(tmp_path: Path) -> None:
