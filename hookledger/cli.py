@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
 import sys
 import time
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 import structlog
@@ -16,6 +17,9 @@ from hookledger import logs, migrate
 from hookledger.database import database, libpq_url
 from hookledger.embedded_postgres import EmbeddedPostgres, EmbeddedPostgresError
 from hookledger.settings import Settings
+
+if TYPE_CHECKING:
+    from projections.live import LiveProjector
 
 log = structlog.get_logger("hookledger")
 
@@ -138,31 +142,58 @@ def project() -> None:
 
     For an instance of its own beside ``serve`` processes started with
     ``HOOKLEDGER_PROJECTOR=off``, so that folding never takes their cores. Leadership is
-    the same advisory lock as ``serve``'s: several may run, one projects.
+    the same advisory lock as ``serve``'s: several may run, one projects. (It projects
+    whatever ``HOOKLEDGER_PROJECTOR`` says: projecting is what it is for.)
     """
     import asyncio
 
     from hookledger.app import live_projector
+    from hookledger.gc_tuning import tuned_for_serving
 
     settings = load_settings()
     configure_logging(settings)
+    signals = ProjectorSignals()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signals.handle)
     try:
         with database(settings) as url:
             migrate.upgrade(url)
-            asyncio.run(_project_until_signalled(live_projector(settings, url)))
+            projector = live_projector(settings, url)
+            with tuned_for_serving():  # as serve's projector thread runs
+                asyncio.run(signals.run(projector))
     except EmbeddedPostgresError as exc:
         _fail(str(exc))
     log.info("projector.exited")
 
 
-async def _project_until_signalled(projector: Any) -> None:
-    """Run ``projector`` until SIGINT or SIGTERM; it stops at a batch boundary."""
-    import asyncio
+class ProjectorSignals:
+    """What SIGINT and SIGTERM do to ``hookledger project``, by phase.
 
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, projector.stop)
-    await projector.run()
+    Starting (the embedded server, migrations): leave at once by ``SystemExit``, so that
+    what was started is stopped on the way out. Projecting: stop at the next batch
+    boundary. Once projecting has ended: nothing, so that a second signal cannot cut the
+    embedded server's stop short.
+    """
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._projector: LiveProjector | None = None
+        self._ended = False
+
+    async def run(self, projector: LiveProjector) -> None:
+        self._loop, self._projector = asyncio.get_running_loop(), projector
+        try:
+            await projector.run()
+        finally:
+            self._ended = True
+
+    def handle(self, signum: int, _frame: object) -> None:
+        if self._ended:
+            return
+        if self._loop is not None and self._projector is not None:
+            self._loop.call_soon_threadsafe(self._projector.stop)
+            return
+        raise SystemExit(0)
 
 
 @main.command(name="migrate")
