@@ -112,6 +112,26 @@ def test_a_delivery_is_visible_in_the_views_shortly_after_it_is_accepted(db_url:
     print(f"accepted to visible: {time.monotonic() - sent:.3f} s")
 
 
+def test_a_service_with_the_projector_off_stores_a_delivery_but_does_not_fold_it(
+        db_url: str) -> None:
+    """``HOOKLEDGER_PROJECTOR=off`` in the app itself (one process, no supervisor): the
+    delivery is acknowledged and in the ledger, the views do not move, and the service
+    says it does not lead the projector."""
+    with running_service(db_url, general_secrets="main=s3cret", projector=False,
+                         admin_token="t0ken") as base:
+        raw = encode(general_body("payment.confirmed", 91000, reference="OFF-1"))
+        answer = httpx.post(f"{base}/webhooks/general/main", content=raw,
+                            headers={"x-service-signature": general_header("s3cret", raw)})
+        assert answer.status_code == 200
+        time.sleep(1.0)  # the service's own projector folds within about 0.1 s
+        status = httpx.get(f"{base}/api/status", headers={"authorization": "Bearer t0ken"})
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            stored = conn.execute("SELECT count(*) FROM hookledger.ledger").fetchone()
+            folded = conn.execute("SELECT count(*) FROM hookledger.payments").fetchone()
+    assert (stored, folded) == ((1,), (0,))
+    assert status.status_code == 200 and status.json()["projector_leader"] is False
+
+
 def test_rebuild_gives_exactly_what_the_live_projector_built(db_url: str) -> None:
     events = mixed_events(120)
     asyncio.run(append_all(db_url, events))
