@@ -66,7 +66,9 @@ def waits_by_group(serve_pid: int, backends: dict[int, str] | None = None
                    ) -> dict[str, float]:
     """Seconds each group's threads have spent runnable but waiting for a core (the
     scheduler's run queue, ``/proc/<pid>/task/<tid>/schedstat``): a process that is
-    seldom idle yet gets less than a core shows here, not in its CPU time."""
+    seldom idle yet gets less than a core shows here, not in its CPU time. A thread that
+    ends between two looks drops out of the second, so a group with short-lived threads
+    or processes comes out low."""
     groups: collections.defaultdict[str, float] = collections.defaultdict(float)
     for pid, group in processes_by_group(serve_pid, backends):
         try:
@@ -204,7 +206,8 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--states", action="store_true",
                         help="also sample what the appending backends do every 2 ms "
-                             "(the sampling costs some CPU itself)")
+                             "(the sampling costs some CPU itself; its own backend counts "
+                             "among PostgreSQL's later backends)")
     parser.add_argument("--no-profile", action="store_true",
                         help="only the CPU split (py-spy itself costs CPU)")
     args = parser.parse_args()
