@@ -145,8 +145,6 @@ def project() -> None:
     the same advisory lock as ``serve``'s: several may run, one projects. (It projects
     whatever ``HOOKLEDGER_PROJECTOR`` says: projecting is what it is for.)
     """
-    import asyncio
-
     from hookledger.app import live_projector
     from hookledger.gc_tuning import tuned_for_serving
 
