@@ -214,8 +214,6 @@ def migrate_command() -> None:
 @click.option("--batch-size", default=5000, show_default=True, type=click.IntRange(min=1))
 def rebuild(verify: bool, batch_size: int) -> None:
     """Rebuild every projection from the ledger (or verify the live ones against a rebuild)."""
-    import asyncio
-
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     from projections import rebuild as rebuilding
@@ -260,8 +258,6 @@ def rebuild(verify: bool, batch_size: int) -> None:
 @main.command(name="verify")
 def verify_chain() -> None:
     """Recompute the ledger's hash chain; name the first event that does not match."""
-    import asyncio
-
     import psycopg
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 

@@ -52,6 +52,13 @@ def wait_ready(port: int, proc: subprocess.Popen[bytes], timeout: float = 60) ->
     raise AssertionError("not ready in time")
 
 
+def database_url(home: Path) -> str:
+    """The URL of a home's embedded database, as a user gets it (``hookledger db url``)."""
+    return subprocess.run([sys.executable, "-m", "hookledger", "db", "url"],
+                          env={**os.environ, "HOOKLEDGER_HOME": str(home)},
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
 def postgres_running(home: Path) -> bool:
     pid_file = home / "postgres" / "data" / "postmaster.pid"
     if not pid_file.exists():
@@ -85,9 +92,7 @@ def test_serve_on_a_fresh_home_accepts_a_delivery_and_exits_cleanly(tmp_path: Pa
         answer = httpx.post(f"http://127.0.0.1:{port}/webhooks/general/main", content=raw,
                             headers={"x-service-signature": general_header("proc-secret", raw)})
         assert answer.status_code == 200
-        url = subprocess.run([sys.executable, "-m", "hookledger", "db", "url"],
-                             env={**os.environ, "HOOKLEDGER_HOME": str(home)},
-                             capture_output=True, text=True, check=True).stdout.strip()
+        url = database_url(home)
         with psycopg.connect(url) as conn:
             assert conn.execute("SELECT event_type FROM hookledger.ledger").fetchall() == [
                 ("payment.confirmed",)]
@@ -117,9 +122,7 @@ def test_workers_share_one_socket_one_ledger_and_stop_with_the_supervisor(
         workers = {(int(p), started_at(int(p))) for p in children  # not multiprocessing's
                    if b"resource_tracker" not in Path(f"/proc/{p}/cmdline").read_bytes()}
         assert len(workers) >= 2
-        url = subprocess.run([sys.executable, "-m", "hookledger", "db", "url"],
-                             env={**os.environ, "HOOKLEDGER_HOME": str(home)},
-                             capture_output=True, text=True, check=True).stdout.strip()
+        url = database_url(home)
         with psycopg.connect(url) as conn:
             assert conn.execute("SELECT count(*) FROM hookledger.ledger").fetchone() == (40,)
     finally:
@@ -141,9 +144,7 @@ def test_a_serve_with_its_projector_off_only_ingests_and_a_project_process_folds
     projector: subprocess.Popen[bytes] | None = None
     try:
         wait_ready(port, ingest)
-        url = subprocess.run([sys.executable, "-m", "hookledger", "db", "url"],
-                             env={**os.environ, "HOOKLEDGER_HOME": str(home)},
-                             capture_output=True, text=True, check=True).stdout.strip()
+        url = database_url(home)
 
         def deliver(reference: str) -> None:
             raw = encode(general_body("payment.confirmed", 91000, reference=reference))
