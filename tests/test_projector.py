@@ -20,8 +20,14 @@ from psycopg_pool import AsyncConnectionPool
 
 from ledger import LedgerStore, NewEvent
 from ledger.schema import PRIVATE_SCHEMA
-from projections.live import LiveProjector
-from projections.projector import PROJECTIONS_BY_TABLE, connect, project_batch, store_changed
+from projections.live import LOCK_WAIT_S, LiveProjector
+from projections.projector import (
+    PROJECTIONS_BY_TABLE,
+    connect,
+    lock_checkpoint,
+    project_batch,
+    store_changed,
+)
 from projections.rebuild import rebuild, verify
 from projections.registry import PROJECTIONS, Projection
 from tests.general_events import encode, general_body
@@ -295,6 +301,60 @@ def test_two_projectors_on_one_database_apply_each_event_once(db_url: str) -> No
     all_events = events + mixed_events(100, seed=99, prefix='second-')
     assert applied_counts(db_url) == expected_applications(all_events)
     assert asyncio.run(verify(db_url)).identical
+
+
+def test_a_leader_waiting_behind_a_rebuilds_lock_keeps_leading_and_stops_when_asked(
+        db_url: str) -> None:
+    """A rebuild holds the checkpoint rows for its whole run. The leader waits behind it
+    in bounded steps: it stays the leader (no standby takes over, nothing is projected
+    twice), folds everything once the lock is free, and a stop asked for while it waits
+    ends it within about one step, not when the rebuild commits."""
+    events = mixed_events(30, seed=5)
+    asyncio.run(append_all(db_url, events))
+
+    async def leader_is_held_up_then_goes_on() -> None:
+        projector = LiveProjector(db_url, poll_s=0.05, standby_retry_s=0.05)
+        async with await psycopg.AsyncConnection.connect(db_url) as rebuild_like:
+            await lock_checkpoint(rebuild_like)  # held until this transaction ends
+            task = asyncio.create_task(projector.run())
+            deadline = time.monotonic() + 10
+            while not projector.is_leader:
+                assert time.monotonic() < deadline, "the projector never led"
+                await asyncio.sleep(0.01)
+            held_until = time.monotonic() + 2.5 * LOCK_WAIT_S  # several timed-out waits
+            while time.monotonic() < held_until:
+                assert projector.is_leader, "the leader gave up its lock while waiting"
+                await asyncio.sleep(0.01)
+            assert applied_counts(db_url) == 0
+            await rebuild_like.rollback()
+        deadline = time.monotonic() + 10
+        while applied_counts(db_url) < expected_applications(events):
+            assert time.monotonic() < deadline, "the projector did not go on"
+            await asyncio.sleep(0.05)
+        projector.stop()
+        await asyncio.wait_for(task, timeout=5)
+        assert projector.applied == len(events)
+
+    async def stop_while_waiting() -> None:
+        await append_all(db_url, mixed_events(5, seed=6, prefix="held-"))
+        projector = LiveProjector(db_url, poll_s=0.05, standby_retry_s=0.05)
+        async with await psycopg.AsyncConnection.connect(db_url) as rebuild_like:
+            await lock_checkpoint(rebuild_like)
+            task = asyncio.create_task(projector.run())
+            while not projector.is_leader:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.2)  # now waiting for the lock
+            asked = time.monotonic()
+            projector.stop()
+            await asyncio.wait_for(task, timeout=LOCK_WAIT_S + 2)  # the lock is still held
+            stopped_after = time.monotonic() - asked
+            assert projector.applied == 0
+            await rebuild_like.rollback()
+        assert stopped_after <= LOCK_WAIT_S + 1
+
+    asyncio.run(leader_is_held_up_then_goes_on())
+    asyncio.run(stop_while_waiting())
+    assert applied_counts(db_url) == expected_applications(events)  # the later 5: not folded
 
 
 def test_discrepancies_found_while_projecting_become_ledger_events_once(db_url: str) -> None:
