@@ -31,9 +31,9 @@ from projections.projector import connect, project_batch
 PROJECTOR_LOCK_KEY = 0x686F6F6B70726F6A  # "hookproj"
 NOTIFY_CHANNEL = "hookledger_ledger"
 APPLICATION_PREFIX = "hookledger-projector:"
-# How long one of the leader's statements may wait for a lock before the batch gives way
-# and is tried again. A rebuild holds the checkpoint rows for its whole run: an unbounded
-# wait behind it left a stop (SIGTERM) unnoticed until the rebuild committed.
+# How long the leader's batch waits for the checkpoint rows before it gives way and is
+# tried again. A rebuild holds them for its whole run: an unbounded wait behind it left a
+# stop (SIGTERM) unnoticed until the rebuild committed.
 LOCK_WAIT_S = 1.0
 
 
@@ -102,11 +102,11 @@ class LiveProjector:
             self.is_leader = True
             log.info("projector.leading")
             await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
-            await conn.execute(f"SET lock_timeout = '{round(LOCK_WAIT_S * 1000)}ms'")
             waiting = False
             while not self._stop.is_set():
                 try:
-                    applied = await project_batch(conn, batch_size=self._batch_size)
+                    applied = await project_batch(conn, batch_size=self._batch_size,
+                                                  lock_wait_s=LOCK_WAIT_S)
                 except psycopg.errors.LockNotAvailable:  # rolled back; still the leader
                     if not waiting:
                         log.info("projector.waiting_for_lock",

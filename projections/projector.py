@@ -253,13 +253,24 @@ async def store_spill(conn: Connection, schema: str, spill: Spill) -> None:
 CHECKPOINT_NAMES = [p.table for p in PROJECTIONS]
 
 
-async def lock_checkpoint(conn: Connection) -> int:
-    """Lock the projections' checkpoint rows for this transaction; return the position."""
+async def lock_checkpoint(conn: Connection, *, wait_s: float | None = None) -> int:
+    """Lock the projections' checkpoint rows for this transaction; return the position.
+
+    With ``wait_s``, raise ``LockNotAvailable`` (the transaction is then aborted) after
+    waiting that long: a rebuild holds these rows for its whole run, and a caller that must
+    notice a stop asks again rather than wait for the rebuild to commit. Only this wait is
+    bounded; the batch's others (the append lock for its discrepancies, NOTIFY at commit)
+    last one commit of the ledger's.
+    """
+    if wait_s is not None:
+        await conn.execute(f"SET LOCAL lock_timeout = '{max(1, round(wait_s * 1000))}ms'")
     cur = await conn.execute(
         "SELECT min(position) FROM (SELECT position FROM hookledger_private."
         "projection_checkpoints WHERE name = ANY(%s) ORDER BY name FOR UPDATE) AS locked",
         (CHECKPOINT_NAMES,))
     row = await cur.fetchone()
+    if wait_s is not None:
+        await conn.execute("SET LOCAL lock_timeout TO DEFAULT")
     return int(row[0]) if row and row[0] is not None else 0
 
 
@@ -270,10 +281,12 @@ async def move_checkpoint(conn: Connection, position: int) -> None:
 
 
 async def project_batch(conn: Connection, *, batch_size: int = 1000, emit: bool = True,
-                        projections: Sequence[Projection] = PROJECTIONS) -> int:
-    """Apply the next batch in one transaction; return how many events it held."""
+                        projections: Sequence[Projection] = PROJECTIONS,
+                        lock_wait_s: float | None = None) -> int:
+    """Apply the next batch in one transaction; return how many events it held.
+    ``lock_wait_s`` bounds the wait for the checkpoint (see :func:`lock_checkpoint`)."""
     async with conn.transaction():
-        after = await lock_checkpoint(conn)
+        after = await lock_checkpoint(conn, wait_s=lock_wait_s)
         events = await read_in(conn, after, batch_size, facts_only=True)
         if not events:
             return 0

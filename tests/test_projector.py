@@ -20,7 +20,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from ledger import LedgerStore, NewEvent
 from ledger.schema import PRIVATE_SCHEMA
-from projections.live import LOCK_WAIT_S, LiveProjector
+from projections.live import LOCK_WAIT_S, LiveProjector, leader_query
 from projections.projector import (
     PROJECTIONS_BY_TABLE,
     connect,
@@ -303,28 +303,47 @@ def test_two_projectors_on_one_database_apply_each_event_once(db_url: str) -> No
     assert asyncio.run(verify(db_url)).identical
 
 
+async def waiting_for_a_lock(url: str, projector: LiveProjector) -> None:
+    """Return once the projector's session waits for a lock in PostgreSQL."""
+    deadline = time.monotonic() + 10
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        while True:
+            cur = await conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
+                "AND wait_event_type = 'Lock'", (projector.name,))
+            if (await cur.fetchone()) == (1,):
+                return
+            assert time.monotonic() < deadline, "the projector never waited for the lock"
+            await asyncio.sleep(0.01)
+
+
+async def holds_leadership(url: str, projector: LiveProjector) -> bool:
+    """Whether PostgreSQL says the projector's session holds the projector lock."""
+    sql, params = leader_query(projector.name)
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        cur = await conn.execute(sql, params)
+        return bool((await cur.fetchone() or (False,))[0])
+
+
 def test_a_leader_waiting_behind_a_rebuilds_lock_keeps_leading_and_stops_when_asked(
         db_url: str) -> None:
     """A rebuild holds the checkpoint rows for its whole run. The leader waits behind it
-    in bounded steps: it stays the leader (no standby takes over, nothing is projected
-    twice), folds everything once the lock is free, and a stop asked for while it waits
-    ends it within about one step, not when the rebuild commits."""
+    in bounded steps: it keeps the projector lock throughout (so no standby takes over),
+    folds everything once the rows are free, and a stop asked for while it waits ends it
+    within about one step, not when the rebuild commits."""
     events = mixed_events(30, seed=5)
     asyncio.run(append_all(db_url, events))
 
-    async def leader_is_held_up_then_goes_on() -> None:
+    async def held_up_then_goes_on() -> None:
         projector = LiveProjector(db_url, poll_s=0.05, standby_retry_s=0.05)
         async with await psycopg.AsyncConnection.connect(db_url) as rebuild_like:
             await lock_checkpoint(rebuild_like)  # held until this transaction ends
             task = asyncio.create_task(projector.run())
-            deadline = time.monotonic() + 10
-            while not projector.is_leader:
-                assert time.monotonic() < deadline, "the projector never led"
-                await asyncio.sleep(0.01)
+            await waiting_for_a_lock(db_url, projector)
             held_until = time.monotonic() + 2.5 * LOCK_WAIT_S  # several timed-out waits
             while time.monotonic() < held_until:
-                assert projector.is_leader, "the leader gave up its lock while waiting"
-                await asyncio.sleep(0.01)
+                assert await holds_leadership(db_url, projector), "leadership was dropped"
+                await asyncio.sleep(0.05)
             assert applied_counts(db_url) == 0
             await rebuild_like.rollback()
         deadline = time.monotonic() + 10
@@ -341,18 +360,16 @@ def test_a_leader_waiting_behind_a_rebuilds_lock_keeps_leading_and_stops_when_as
         async with await psycopg.AsyncConnection.connect(db_url) as rebuild_like:
             await lock_checkpoint(rebuild_like)
             task = asyncio.create_task(projector.run())
-            while not projector.is_leader:
-                await asyncio.sleep(0.01)
-            await asyncio.sleep(0.2)  # now waiting for the lock
+            await waiting_for_a_lock(db_url, projector)
             asked = time.monotonic()
             projector.stop()
-            await asyncio.wait_for(task, timeout=LOCK_WAIT_S + 2)  # the lock is still held
+            await asyncio.wait_for(task, timeout=LOCK_WAIT_S + 2)  # the rows are still held
             stopped_after = time.monotonic() - asked
             assert projector.applied == 0
             await rebuild_like.rollback()
         assert stopped_after <= LOCK_WAIT_S + 1
 
-    asyncio.run(leader_is_held_up_then_goes_on())
+    asyncio.run(held_up_then_goes_on())
     asyncio.run(stop_while_waiting())
     assert applied_counts(db_url) == expected_applications(events)  # the later 5: not folded
 
