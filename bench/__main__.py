@@ -19,6 +19,8 @@ from typing import Any
 from bench.checkpoints import described as checkpoints_described
 from bench.common import RESULTS, machine
 from bench.disk_probe import described
+from bench.machine_cpu import described as machine_described
+from bench.machine_cpu import parts_described
 
 FULL: dict[str, list[str]] = {
     "ingest": [],
@@ -77,12 +79,18 @@ def table(results: dict[str, Any]) -> list[Row]:
                          str(load.get("queued_p99_ms")), "", ""))
         if "checkpoint_buffers" in load:  # a saturating tail is read beside these
             rows.append(("  checkpoints meanwhile", checkpoints_described(load), "", ""))
+        if "machine" in load:  # a ratio is CPU per delivery times cores busy
+            rows.append(("  the machine meanwhile",
+                         machine_described(load["machine"], load.get("rounds")), "", ""))
     if ingest:
         ratio = ingest["ratio_vs_bare"]
         rounds = ingest.get("ratio_rounds", [])
         each = f" (median of {', '.join(f'{x}x' for x in rounds)})" if len(rounds) > 1 else ""
         rows.append(("ingest: hookledger / bare endpoint", f"{ratio}x{each}", ">= 1.5x",
                      verdict(ratio >= 1.5)))
+        if ingest.get("ratio_parts"):
+            rows.append(("  each round's ratio as", parts_described(ingest["ratio_parts"]),
+                         "", ""))
         if "scaled_vs_empty" in ingest:
             scaled = ingest["scaled_vs_empty"]
             rows.append(("ingest: large ledger / empty ledger", f"{scaled}x", ">= 0.9x",

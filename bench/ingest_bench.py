@@ -62,6 +62,8 @@ from bench.checkpoints import described as checkpoints_described
 from bench.common import fresh_database
 from bench.disk_probe import DiskFigures, DiskProbe, described
 from bench.loadgen import collector_paused, percentile, post_request, run
+from bench.machine_cpu import MachineCpu, MachineFigures, parts_described
+from bench.machine_cpu import described as machine_described
 from bench.projections_bench import free_port
 
 SECRET = "bench-secret"
@@ -151,6 +153,7 @@ class Load:
     extra: dict[str, Any] = field(default_factory=dict)
     rounds: list[Load] = field(default_factory=list)  # the runs a median row stands for
     disk: DiskFigures | None = None  # the disk's fsync stalls while a fixed-rate load ran
+    machine: MachineFigures | None = None  # the whole machine's CPU while a saturating load ran
 
     @property
     def rate(self) -> float:
@@ -429,16 +432,22 @@ def measure(seconds: float, connections: int, scale_events: int, fixed_rate: int
                 quiesce()
             elif use_wrk:  # a warm-up: enough distinct deliveries for its whole duration
                 count = int(ceiling * duration)
+            # cores busy and CPU per delivery, so a ratio can be read as both
+            # (bench/machine_cpu.py)
             if use_wrk:
                 prefix = write_presigned(folder, tag, count, threads)
                 before = checkpoint_activity(url)
-                result = wrk_load(label, port, prefix, duration, connections, threads)
+                with MachineCpu(duration) as machine:
+                    result = wrk_load(label, port, prefix, duration, connections, threads)
                 for t in range(threads):
                     os.unlink(f"{prefix}.{t}")
             else:
+                bodies = [delivery(tag, i) for i in range(count)]
                 before = checkpoint_activity(url)
-                result = python_load(label, port, [delivery(tag, i) for i in range(count)],
-                                     rate=None, connections=connections)
+                with MachineCpu(duration) as machine:
+                    result = python_load(label, port, bodies, rate=None,
+                                         connections=connections)
+            result.machine = machine.result
             # its tail is read beside the server's checkpoints and new WAL segments
             # (bench/checkpoints.py)
             during = checkpoint_activity(url).since(before)
@@ -532,6 +541,7 @@ def measure(seconds: float, connections: int, scale_events: int, fixed_rate: int
     # each round's pair ran minutes apart at most: the median of the paired ratios follows
     # the machine's drift less than a ratio of two medians would
     ratios = [o.rate / b.rate for b, o in zip(bare_runs, our_runs, strict=True) if b.rate]
+    parts = [ratio_parts(b, o) for b, o in zip(bare_runs, our_runs, strict=True)]
     ours_rate = statistics.median(o.rate for o in our_runs)
     figures: dict[str, Any] = {
         "postgresql": postgres_version,
@@ -541,6 +551,7 @@ def measure(seconds: float, connections: int, scale_events: int, fixed_rate: int
         "loads": [_figures(r) for r in rows],
         "ratio_vs_bare": round(statistics.median(ratios), 2) if ratios else 0.0,
         "ratio_rounds": [round(x, 2) for x in ratios],
+        "ratio_parts": [p for p in parts if p is not None],
         "checks": checks, "memory": memory,
     }
     if scale_events:
@@ -548,14 +559,45 @@ def measure(seconds: float, connections: int, scale_events: int, fixed_rate: int
     return figures
 
 
+def ratio_parts(bare: Load, ours: Load) -> dict[str, float] | None:
+    """One round's ratio as its two factors: CPU per delivery (the bare endpoint's over
+    hookledger's: above 1, hookledger spends less) times cores busy (hookledger's over the
+    bare endpoint's). None when either load has no machine figures."""
+    if bare.machine is None or ours.machine is None or not bare.rate or not ours.rate:
+        return None
+    theirs, mine = bare.machine.cpu_us_per_delivery(bare.rate), \
+        ours.machine.cpu_us_per_delivery(ours.rate)
+    if not theirs or not mine or not bare.machine.cores_busy:
+        return None
+    return {"cpu_per_delivery": round(theirs / mine, 2),
+            "cores_busy": round(ours.machine.cores_busy / bare.machine.cores_busy, 2)}
+
+
+def _machine(load: Load, rounds: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """A load's machine figures as JSON; a median row's are its rounds' medians."""
+    if load.machine is not None:
+        return load.machine.as_json(load.rate)
+    measured = [r["machine"] for r in rounds if r.get("machine")]
+    if not measured:
+        return None
+    medians = {key: statistics.median(m[key] for m in measured)
+               for key in ("cores_busy", "idle_pct", "steal_pct", "cpu_us_per_delivery")
+               if all(m.get(key) is not None for m in measured)}
+    return {key: round(value) if key == "cpu_us_per_delivery" else round(value, 3)
+            for key, value in medians.items()}
+
+
 def _figures(load: Load) -> dict[str, Any]:
     """A load as JSON; a median row carries its rounds, each the same way."""
+    rounds = [_figures(x) for x in load.rounds]
+    machine = _machine(load, rounds)
     return {"label": load.label, "requests": load.requests, "ok": load.ok,
             "req_per_s": round(load.rate), "p50_ms": round(load.p50_ms, 2),
             "p99_ms": round(load.p99_ms, 2), "max_ms": round(load.max_ms, 2),
             "generator": load.generator, **load.extra,
             **({"disk": load.disk.as_json()} if load.disk else {}),
-            **({"rounds": [_figures(x) for x in load.rounds]} if load.rounds else {})}
+            **({"machine": machine} if machine else {}),
+            **({"rounds": rounds} if rounds else {})}
 
 
 def print_table(figures: dict[str, Any]) -> None:
@@ -568,8 +610,12 @@ def print_table(figures: dict[str, Any]) -> None:
                   f"generator connection: p99 {r['queued_p99_ms']} ms")
         if "checkpoint_buffers" in r:
             print(f"  meanwhile: {checkpoints_described(r)}")
+        if "machine" in r:
+            print(f"  the machine meanwhile: {machine_described(r['machine'], r.get('rounds'))}")
     rounds = ", ".join(f"{x}x" for x in figures.get("ratio_rounds", []))
     print(f"hookledger / bare endpoint: {figures['ratio_vs_bare']}x (rounds: {rounds})")
+    if figures.get("ratio_parts"):
+        print(f"  each round's ratio as {parts_described(figures['ratio_parts'])}")
     if "scaled_vs_empty" in figures:
         print(f"with a large ledger / empty: {figures['scaled_vs_empty']}x")
     for name, (found, acked) in figures["checks"].items():

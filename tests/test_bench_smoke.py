@@ -68,6 +68,17 @@ def test_every_benchmark_runs_at_smoke_size_and_counts_what_it_acknowledged(
                for load in ingest["loads"] if load not in fixed)
     assert sum(row[0].strip() == "checkpoints meanwhile" for row in summary["rows"]) == len(
         [load for load in ingest["loads"] if load not in fixed])
+    # and beside the whole machine's CPU: cores busy and CPU per delivery, round by round,
+    # from which each round's ratio is read as its two factors
+    assert all(load["machine"]["cores_busy"] > 0 and load["machine"]["cpu_us_per_delivery"] > 0
+               for load in ingest["loads"] if load not in fixed)
+    assert all("machine" in r for load in saturating for r in load["rounds"])
+    assert not any("machine" in load for load in fixed)
+    assert len(ingest["ratio_parts"]) == 2
+    for part, ratio in zip(ingest["ratio_parts"], ingest["ratio_rounds"], strict=True):
+        assert part["cpu_per_delivery"] * part["cores_busy"] == pytest.approx(ratio, rel=0.05)
+    assert sum(row[0].strip() == "the machine meanwhile" for row in summary["rows"]) == len(
+        [load for load in ingest["loads"] if load not in fixed])
 
     projections = results["projections"]
     assert projections["events"] == 3000 and projections["rebuild_events_per_s"] > 0
