@@ -551,7 +551,7 @@ def measure(seconds: float, connections: int, scale_events: int, fixed_rate: int
         "loads": [_figures(r) for r in rows],
         "ratio_vs_bare": round(statistics.median(ratios), 2) if ratios else 0.0,
         "ratio_rounds": [round(x, 2) for x in ratios],
-        "ratio_parts": [p for p in parts if p is not None],
+        "ratio_parts": parts if any(parts) else [],  # round by round, None where unread
         "checks": checks, "memory": memory,
     }
     if scale_events:

@@ -141,7 +141,8 @@ def _one(m: dict[str, Any], *, short: bool = False) -> str:
             "(server, PostgreSQL and load generator)")
 
 
-def parts_described(parts: list[dict[str, float]]) -> str:
-    """The ratio's two factors, round by round, for a table."""
+def parts_described(parts: list[dict[str, float] | None]) -> str:
+    """The ratio's two factors, round by round (None: a round without figures), for a table."""
     return ("CPU per delivery (bare / hookledger) x cores busy (hookledger / bare): "
-            + ", ".join(f"{p['cpu_per_delivery']}x * {p['cores_busy']}x" for p in parts))
+            + ", ".join("?" if p is None else f"{p['cpu_per_delivery']}x * {p['cores_busy']}x"
+                        for p in parts))

@@ -91,7 +91,7 @@ def test_a_rounds_ratio_is_cpu_per_delivery_times_cores_busy() -> None:
     assert parts["cpu_per_delivery"] * parts["cores_busy"] == pytest.approx(
         ours.rate / bare.rate, abs=0.01)
     assert ratio_parts(bare, _load(3200, None)) is None
-    assert parts_described([parts]).endswith("1.33x * 0.8x")
+    assert parts_described([parts, None]).endswith("1.33x * 0.8x, ?")
 
 
 def test_a_row_of_rounds_is_described_with_each_round() -> None:
