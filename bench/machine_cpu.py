@@ -2,11 +2,11 @@
 
 Two contenders' req/s on one machine are each the cores they keep busy divided by the CPU
 they spend per delivery (every process counted: the server, PostgreSQL, the load generator),
-so their ratio is the product of two ratios, and the bench prints both. hookledger's every
-delivery crosses the worker, the serialised append and back, and its processes want the
-cores at the same moments, so it can leave a core partly idle where the bare endpoint's
-independent requests keep both busy. Without these figures a ratio says which contender won,
-not whether CPU per delivery or the machine's use decided it (the README has the figures).
+so their ratio is the product of two ratios, and the bench prints both. Every delivery to
+one ``serve`` passes through its HTTP worker's one thread, and on two cores that thread can
+be the limit while part of the other core idles, where the bare endpoint's independent
+requests keep both busy. Without these figures a ratio says which contender won, not
+whether CPU per delivery or the machine's use decided it (the README has the figures).
 
 The figures come from ``/proc/stat``'s first line (all CPUs), read at the two ends of a
 window inside the load, clear of the generator's start and of its last half second. Time
