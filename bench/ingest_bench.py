@@ -563,11 +563,11 @@ def ratio_parts(bare: Load, ours: Load) -> dict[str, float] | None:
     """One round's ratio as its two factors: CPU per delivery (the bare endpoint's over
     hookledger's: above 1, hookledger spends less) times cores busy (hookledger's over the
     bare endpoint's). None when either load has no machine figures."""
-    if bare.machine is None or ours.machine is None or not bare.rate or not ours.rate:
+    if bare.machine is None or ours.machine is None:
         return None
     theirs, mine = bare.machine.cpu_us_per_delivery(bare.rate), \
         ours.machine.cpu_us_per_delivery(ours.rate)
-    if not theirs or not mine or not bare.machine.cores_busy:
+    if not theirs or not mine:  # no deliveries, or no busy ticks: no factors to read
         return None
     return {"cpu_per_delivery": round(theirs / mine, 2),
             "cores_busy": round(ours.machine.cores_busy / bare.machine.cores_busy, 2)}
