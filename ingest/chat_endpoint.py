@@ -140,7 +140,7 @@ class ChatEndpoint:
 
         structlog.contextvars.bind_contextvars(
             delivery_id=meta.delivery_id, attempt=meta.attempt,
-            message_id=delivery.facts.get("message_id"), event=delivery.event_type,
+            message_id=delivery.facts.get("message_id"), event_type=delivery.event_type,
             verified_by=label)
         event = NewEvent(
             stream=delivery.stream,

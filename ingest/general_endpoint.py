@@ -104,8 +104,11 @@ class GeneralEndpoint:
             log.warning("delivery.malformed", reason=delivery.facts["reason"],
                         detail=delivery.facts["detail"])
 
+        # not ``event``: that is each log line's own name, and a bound value under it is
+        # dropped (structlog keeps the line's)
         structlog.contextvars.bind_contextvars(
-            reference=delivery.facts.get("reference"), event=delivery.facts.get("event"))
+            reference=delivery.facts.get("reference"),
+            delivery_event=delivery.facts.get("event"))
         event = NewEvent(
             stream=delivery.stream,
             event_type=delivery.event_type,

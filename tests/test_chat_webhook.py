@@ -376,6 +376,7 @@ def test_no_secret_in_logs_rejections_or_answers(
             "delivery.refused"} <= events
     accepted = [line for line in lines if line["event"] == "delivery.accepted"]
     assert accepted[0]["verified_by"] == fingerprint(secret)
+    assert accepted[0]["event_type"].startswith("chat.")
     stored = rows(db_url, "SELECT reason, detail, headers::text, body_prefix "
                           "FROM hookledger.rejected_deliveries")
     assert {r[0] for r in stored} == {"malformed_signature", "bad_signature", "not_an_object"}

@@ -37,6 +37,7 @@ def test_delivery_lines_carry_endpoint_reference_and_event_and_no_secret(
     accepted = [line for line in lines if line["event"] == "delivery.accepted"]
     assert accepted and accepted[0]["endpoint"] == "general/main"
     assert accepted[0]["reference"] == "R-LOG" and accepted[0].get("position")
+    assert accepted[0]["delivery_event"] == "payment.confirmed"
     refused = [line for line in lines if line["event"] == "delivery.refused"]
     assert {line["reason"] for line in refused} == {"bad_signature", "malformed_signature"}
     assert SECRET not in err
