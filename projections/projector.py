@@ -118,7 +118,7 @@ async def store_rows(conn: Connection, schema: str, projection: Projection,
                 target if fresh else stage, names)) as copy:
             copy.set_types(_column_types(projection))
             for row in rows:
-                values = [row.get(c) for c in columns]
+                values = list(map(row.get, columns))
                 for i in json_positions:
                     if values[i] is not None:
                         values[i] = Jsonb(values[i])
@@ -169,7 +169,8 @@ def touched_keys(projection: Projection, events: Sequence[StoredEvent]
         except Exception as exc:  # noqa: BLE001 - see fold_touched
             findings.append(Finding(unprojectable(projection, "?", event, exc), event))
             continue
-        touched.extend((key, event) for key in keys)
+        for key in keys:  # most events touch no subject of a given projection: no generator
+            touched.append((key, event))
     return touched, findings
 
 
