@@ -88,6 +88,33 @@ _DECODER = json.JSONDecoder(object_pairs_hook=_pairs, parse_float=_decimal,
                             parse_int=_integer, parse_constant=_reject_constant)
 
 
+# Reasons the decoder's hooks give as soon as they meet the key or number, before the rest of
+# the body is read: they describe a JSON object jsonb cannot hold (ingest.unstorable), which
+# is kept, so they stand only once the whole body is known to be one.
+_FOUND_MID_PARSE = frozenset({"duplicate_json_key", "number_out_of_range"})
+_JSON_SPACE = " \t\n\r"
+
+
+def _lenient_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _whole_object(text: str) -> None:
+    """Raise why ``text`` is not one JSON object, read leniently (a repeated key's last
+    value, numbers as text); return when it is one."""
+    try:
+        value = json.loads(text, parse_int=str, parse_float=str,
+                           parse_constant=_lenient_constant)
+    except RecursionError:
+        if not text.lstrip(_JSON_SPACE).startswith("{"):
+            raise BodyError("not_an_object", "the body is not a JSON object") from None
+        return  # nested past the reader's own depth: the hooks' finding stands
+    except ValueError as exc:
+        raise BodyError("invalid_json", str(exc).split(":")[0][:200]) from None
+    if not isinstance(value, dict):
+        raise BodyError("not_an_object", f"the body is a JSON {type(value).__name__}")
+
+
 def parse_object(raw: bytes) -> tuple[dict[str, Any], str]:
     """Parse a body that must be one JSON object; return it and the body as text."""
     try:
@@ -98,9 +125,13 @@ def parse_object(raw: bytes) -> tuple[dict[str, Any], str]:
         raise BodyError("invalid_json", "Unexpected UTF-8 BOM (decode using utf-8-sig)")
     try:
         value = _DECODER.decode(text)
-    except BodyError:
+    except BodyError as exc:
+        if exc.reason in _FOUND_MID_PARSE:
+            _whole_object(text)
         raise
     except RecursionError as exc:
+        if not text.lstrip(_JSON_SPACE).startswith("{"):
+            raise BodyError("not_an_object", "the body is not a JSON object") from exc
         raise BodyError("too_deep", "nested too deeply") from exc
     except ValueError as exc:  # JSONDecodeError, and ints past Python's digit limit
         raise BodyError("invalid_json", str(exc).split(":")[0][:200]) from exc

@@ -216,3 +216,22 @@ def test_a_nul_or_surrogate_without_an_escape_is_refused_all_the_same(raw: bytes
     with pytest.raises(BodyError) as refused:
         parse_object(raw)
     assert refused.value.reason in ("invalid_json", "invalid_utf8")
+
+
+@FUZZ
+@given(value=json_values, in_array=st.booleans(), unclosed=st.booleans())
+def test_a_repeated_key_is_kept_only_in_a_whole_object(value: Any, in_array: bool,
+                                                       unclosed: bool) -> None:
+    """The decoder meets a repeated key before it has read the rest: the body is kept by
+    its raw bytes (``duplicate_json_key``) only when the whole of it is one JSON object."""
+    body = '{"k": 1, "k": 2, "v": ' + json.dumps(value) + "}"
+    if in_array:
+        body = f"[{body}]"
+    if unclosed:
+        body = body[:-1]
+    with pytest.raises(BodyError) as refused:
+        parse_object(body.encode())
+    expected = ("invalid_json" if unclosed else "not_an_object" if in_array
+                else "duplicate_json_key")
+    assert refused.value.reason == expected
+    assert is_unstorable(refused.value) == (expected == "duplicate_json_key")

@@ -49,6 +49,14 @@ HOSTILE = [
     ("Infinity", replace("amount", "-Infinity"), "invalid_json"),
     ("a JSON array", b"[]", "not_an_object"),
     ("empty body", b"", "invalid_json"),
+    # what jsonb could not hold is kept only in a body that is one JSON object
+    ("an array holding a repeated key", b'[{"a": 1, "a": 2}]', "not_an_object"),
+    ("an array holding a huge integer", b"[" + b"9" * 5000 + b"]", "not_an_object"),
+    ("an array nested past the reader", b"[" * 5000 + b"]" * 5000, "not_an_object"),
+    ("a repeated key, the object unclosed", b'{"reference": "A", "reference": "B"',
+     "invalid_json"),
+    ("a repeated key beside NaN", replace("reference", '"A", "reference": "B", "x": NaN'),
+     "invalid_json"),
 ]
 
 # Signed JSON objects that jsonb cannot hold as they are: kept by their raw bytes as
