@@ -222,9 +222,10 @@ def test_a_nul_or_surrogate_without_an_escape_is_refused_all_the_same(raw: bytes
 @given(value=json_values, in_array=st.booleans(), unclosed=st.booleans())
 def test_a_repeated_key_is_kept_only_in_a_whole_object(value: Any, in_array: bool,
                                                        unclosed: bool) -> None:
-    """The decoder meets a repeated key before it has read the rest: the body is kept by
-    its raw bytes (``duplicate_json_key``) only when the whole of it is one JSON object."""
-    body = '{"k": 1, "k": 2, "v": ' + json.dumps(value) + "}"
+    """The decoder meets a repeated key in a nested object before it has read the rest: the
+    body is kept by its raw bytes (``duplicate_json_key``) only when the whole of it is one
+    JSON object."""
+    body = '{"v": ' + json.dumps(value) + ', "o": {"k": 1, "k": 2}}'
     if in_array:
         body = f"[{body}]"
     if unclosed:

@@ -53,9 +53,8 @@ HOSTILE = [
     ("an array holding a repeated key", b'[{"a": 1, "a": 2}]', "not_an_object"),
     ("an array holding a huge integer", b"[" + b"9" * 5000 + b"]", "not_an_object"),
     ("an array nested past the reader", b"[" * 5000 + b"]" * 5000, "not_an_object"),
-    ("a repeated key, the object unclosed", b'{"reference": "A", "reference": "B"',
-     "invalid_json"),
-    ("a repeated key beside NaN", replace("reference", '"A", "reference": "B", "x": NaN'),
+    ("a repeated key, the object unclosed", b'{"customer": {"a": 1, "a": 2}', "invalid_json"),
+    ("a repeated key beside NaN", replace("customer", '{"a": 1, "a": 2}, "x": NaN'),
      "invalid_json"),
 ]
 
