@@ -99,6 +99,13 @@ def _lenient_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _refuse_unless_opening_an_object(text: str) -> None:
+    """For a body nested past the reader, where only its opening can be told: refuse one
+    that does not open a JSON object."""
+    if not text.lstrip(_JSON_SPACE).startswith("{"):
+        raise BodyError("not_an_object", "the body is not a JSON object")
+
+
 def _whole_object(text: str) -> None:
     """Raise why ``text`` is not one JSON object, read leniently (a repeated key's last
     value, numbers as text); return when it is one."""
@@ -106,8 +113,7 @@ def _whole_object(text: str) -> None:
         value = json.loads(text, parse_int=str, parse_float=str,
                            parse_constant=_lenient_constant)
     except RecursionError:
-        if not text.lstrip(_JSON_SPACE).startswith("{"):
-            raise BodyError("not_an_object", "the body is not a JSON object") from None
+        _refuse_unless_opening_an_object(text)
         return  # nested past the reader's own depth: the hooks' finding stands
     except ValueError as exc:
         raise BodyError("invalid_json", str(exc).split(":")[0][:200]) from None
@@ -130,8 +136,7 @@ def parse_object(raw: bytes) -> tuple[dict[str, Any], str]:
             _whole_object(text)
         raise
     except RecursionError as exc:
-        if not text.lstrip(_JSON_SPACE).startswith("{"):
-            raise BodyError("not_an_object", "the body is not a JSON object") from exc
+        _refuse_unless_opening_an_object(text)
         raise BodyError("too_deep", "nested too deeply") from exc
     except ValueError as exc:  # JSONDecodeError, and ints past Python's digit limit
         raise BodyError("invalid_json", str(exc).split(":")[0][:200]) from exc
