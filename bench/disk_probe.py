@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import os
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 from bench.loadgen import percentile
+from bench.sampling import Sampler
 
 STALL_S = 0.020  # an fsync this slow is a stall: the whole p99 budget at 1,000 req/s
 
@@ -57,35 +56,29 @@ def described(disk: dict[str, Any]) -> str:
             f"{disk['stalls']} over {disk['stall_ms']} ms")
 
 
-class DiskProbe:
+class DiskProbe(Sampler):
     """A thread timing one small durable write every ``interval_s`` until the block ends."""
 
+    thread_name = "disk-probe"
+
     def __init__(self, folder: str | Path | None = None, interval_s: float = 0.010) -> None:
+        super().__init__()
         self._folder = Path(folder or tempfile.gettempdir())
         self._interval_s = interval_s
         self._durations: list[float] = []
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._fd = -1
 
-    def __enter__(self) -> DiskProbe:
-        fd, path = tempfile.mkstemp(prefix="hookledger-disk-probe-", dir=self._folder)
+    def __enter__(self) -> Self:
+        self._fd, path = tempfile.mkstemp(prefix="hookledger-disk-probe-", dir=self._folder)
         os.unlink(path)  # the open descriptor keeps it until the probe ends; nothing left
-        self._thread = threading.Thread(target=self._run, args=(fd,), daemon=True,
-                                        name="disk-probe")
-        self._thread.start()
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
-                 traceback: TracebackType | None) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+        return super().__enter__()
 
     @property
     def figures(self) -> DiskFigures:
         return summarise(list(self._durations))
 
-    def _run(self, fd: int) -> None:
+    def _run(self) -> None:
+        fd = self._fd
         block = b"\xa5" * 8192
         try:
             os.pwrite(fd, block, 0)  # allocated once: later writes change no metadata

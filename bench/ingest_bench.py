@@ -45,7 +45,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -65,6 +64,7 @@ from bench.loadgen import collector_paused, percentile, post_request, run
 from bench.machine_cpu import MachineCpu, MachineFigures, parts_described
 from bench.machine_cpu import described as machine_described
 from bench.projections_bench import free_port
+from bench.sampling import Sampler
 
 SECRET = "bench-secret"
 PATH = "/webhooks/general/main"
@@ -256,22 +256,15 @@ def hookledger(url: str, port: int, home: Path, extra: dict[str, str] | None = N
                     "HOOKLEDGER_LOG_LEVEL": "warning", **(extra or {})}, port)
 
 
-class RssSampler:
+class RssSampler(Sampler):
     """Peak resident memory of a process and its children, sampled every 100 ms."""
 
+    thread_name = "rss-sampler"
+
     def __init__(self, pid: int) -> None:
+        super().__init__()
         self.pid = pid
         self.samples: list[int] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> RssSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
     def _run(self) -> None:
         while not self._stop.wait(0.1):

@@ -18,11 +18,12 @@ a round with much of it ran on a slower machine. Elsewhere than Linux there is n
 from __future__ import annotations
 
 import os
-import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from bench.sampling import Sampler
 
 PROC_STAT = Path("/proc/stat")
 
@@ -89,32 +90,25 @@ def window(duration_s: float) -> tuple[float, float]:
     return start, max(0.2, duration_s - start - 0.5)
 
 
-class MachineCpu:
+class MachineCpu(Sampler):
     """Measures :class:`MachineFigures` in a thread while the ``with`` body runs a load.
 
     ``result`` is None when the window did not fit inside the body, so a load cut short
     never reports figures of the idle machine after it.
     """
 
+    thread_name = "machine-cpu"
+
     def __init__(self, duration_s: float) -> None:
+        super().__init__()
         self._start_s, self._length_s = window(duration_s)
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._sample, name="machine-cpu", daemon=True)
         self.result: MachineFigures | None = None
 
-    def __enter__(self) -> MachineCpu:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._done.set()
-        self._thread.join()
-
-    def _sample(self) -> None:
-        if self._done.wait(self._start_s):
+    def _run(self) -> None:
+        if self._stop.wait(self._start_s):
             return
         before, began = read_cpu_times(), time.monotonic()
-        if self._done.wait(self._length_s):
+        if self._stop.wait(self._length_s):
             return
         after, ended = read_cpu_times(), time.monotonic()
         if before is not None and after is not None:
