@@ -26,12 +26,17 @@ One reference legitimately carries several events (confirmed then refunded; crea
 updates, paid), so the reference alone is not a dedupe key. A duplicate is *the same event
 about the same subject in the same state*. The key is the SHA-256 of the body's canonical
 form (keys sorted, numbers normalised so ``1000`` and ``1000.00`` agree) **without** the
-fields that can differ between copies of one event: ``payloadSignature`` (per delivery),
-``message`` (may be reworded or translated) and ``timestamp`` (a repeated callback may be
-stamped anew). So the same event arriving through all three registered URLs, or repeated,
-is one ledger event, while any change of state (event, status, code, amount, invoice
-amounts, transaction id...) is a new one. Two saves of an invoice that change nothing fold
-into one, which loses no information.
+fields that can differ between copies of one event: ``payloadSignature`` (per delivery) and
+``message`` (may be reworded or translated). So the same event arriving through all three
+registered URLs is one ledger event, while any change of state (event, status, code, amount,
+invoice amounts, transaction id...) is a new one.
+
+``timestamp`` stays in the key. It tells a return to an earlier state from a copy of it: an
+invoice re-saved from total 1000 to 1200 and back to 1000 sends a third ``invoice.updated``
+whose every other field equals the first's, and without its time that state (the invoice's
+current one) was taken for a duplicate and never kept. A copy restamped by the provider
+becomes a second event instead, which costs nothing: the folds keep the latest state by
+provider time, and a second copy of one state folds to the same row.
 """
 
 from __future__ import annotations
@@ -51,7 +56,8 @@ from ledger.jsonenc import dump_bytes
 
 UNRECOGNISED_EVENT_TYPE = "general.unrecognised"
 MALFORMED_EVENT_TYPE = "general.malformed"
-VOLATILE_FIELDS = frozenset({"payloadSignature", "message", "timestamp"})
+# not ``timestamp``: it is what tells a return to an earlier state from a copy (see above)
+VOLATILE_FIELDS = frozenset({"payloadSignature", "message"})
 MAX_TEXT = 512  # a reference or name longer than this is not a real one
 
 

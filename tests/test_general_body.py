@@ -182,8 +182,14 @@ def test_strict_json_refusals(raw: bytes, reason: str) -> None:
 
 def test_the_same_event_through_another_endpoint_or_reworded_has_the_same_key() -> None:
     a = body()
-    b = body(message="Imelipwa", payloadSignature="other", timestamp="20261122083005")
+    b = body(message="Imelipwa", payloadSignature="other")
     assert dedupe_key(a) == dedupe_key(b)
+
+
+def test_the_same_state_at_another_time_is_a_new_event() -> None:
+    """An invoice back at an earlier state (1000, 1200, then 1000 again) is current, not a
+    copy: only its time tells the third save from the first."""
+    assert dedupe_key(body(timestamp="20261122110000")) != dedupe_key(body())
 
 
 def test_number_formatting_does_not_change_the_key() -> None:

@@ -13,7 +13,8 @@ import psycopg
 import pytest
 
 from hookledger.gc_tuning import GEN0_THRESHOLD
-from tests.general_events import SPEC_EVENTS, encode, general_body
+from tests.chat_live import wait_for
+from tests.general_events import INVOICE, SPEC_EVENTS, encode, general_body
 from tests.live import running_service
 from tests.signing import general_header
 
@@ -74,6 +75,25 @@ def test_the_same_event_through_all_three_endpoints_is_one_ledger_event(
     assert [a.json()["duplicate"] for a in answers] == [False, True, True]
     assert len({a.json()["position"] for a in answers}) == 1
     assert rows(db_url, "SELECT count(*) FROM hookledger.ledger") == [(1,)]
+
+
+def test_an_invoice_saved_back_to_an_earlier_state_ends_in_that_state(
+        service: str, db_url: str) -> None:
+    """1000, then 1200, then 1000 again: the third save equals the first but for its time,
+    and it is the invoice's current state (once answered as a duplicate and never kept)."""
+    def saved(total: int, due: int, timestamp: str) -> httpx.Response:
+        raw = encode(general_body(
+            "invoice.updated", 93001, reference="INV-BACK", service="Invoicing", amount=total,
+            timestamp=timestamp, invoice={**INVOICE, "invoiceNo": "INV-BACK", "total": total,
+                                          "amountPaid": 300, "amountDue": due}))
+        return post(service, "primary", raw, secret=SECRETS["primary"])
+
+    answers = [saved(1000, 700, "20261122080000"), saved(1200, 900, "20261122090000"),
+               saved(1000, 700, "20261122100000")]
+    assert [a.json()["duplicate"] for a in answers] == [False, False, False]
+    assert wait_for(lambda: rows(
+        db_url, "SELECT total, amount_paid, amount_due FROM hookledger.invoices "
+                "WHERE invoice_no = 'INV-BACK' AND event_count = 3")) == [(1000, 300, 700)]
 
 
 def test_concurrent_copies_of_one_event_make_one_ledger_event(service: str, db_url: str) -> None:
