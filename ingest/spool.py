@@ -6,9 +6,15 @@ delivery for good. Instead, the appender writes such a batch here, fsyncs, and a
 when the database is back (the ledger's dedupe key makes a re-append after a crash
 harmless), and deletes each file once all of it is in the ledger.
 
-Format: a file per process and generation, ``spool-<pid>-<n>.hls``, held under an
-exclusive ``flock`` by the process writing it, so a second process never drains a file
-still being written, and drains the files of a process that died. Each record is
+Format: a file per process start and generation, ``spool-<pid>-<start>-<n>.hls``, held
+under an exclusive ``flock`` by the process writing it, so a second process never drains a
+file still being written, and drains the files of a process that died. ``<start>`` is
+random per process start: a restarted service often has its predecessor's process id (1 in
+a container), and with the id alone it reopened the dead process's file, which its own
+drainer was reading; the drainer then deleted the file under the writer, and each waited
+for the other's lock. A file is locked before it gets its name (created under a name no
+drainer looks for, then renamed), so no drainer ever finds one it may take from its
+writer. Each record is
 ``HLS1`` + length (u32) + CRC-32 (u32) + the event as JSON. A torn or corrupt record (a
 crash mid-write) is detected by its length or CRC, recorded, and skipped by searching
 for the next ``HLS1``; it never blocks the records after it.
@@ -119,6 +125,7 @@ class Spool:
         self.folder = folder
         self.folder.mkdir(parents=True, exist_ok=True)
         self._owner = owner  # None: this process's id (tests give two spools two owners)
+        self._start = os.urandom(4).hex()  # this process start's own names (see above)
         self._generation = 0
         self._file: BinaryIO | None = None
         self._path: Path | None = None
@@ -127,7 +134,7 @@ class Spool:
 
     @property
     def prefix(self) -> str:
-        return f"spool-{self._owner or os.getpid()}-"
+        return f"spool-{self._owner or os.getpid()}-{self._start}-"
 
     @property
     def backlog(self) -> int:
@@ -163,10 +170,26 @@ class Spool:
             self._written.pop(path, None)
 
     def _open(self) -> None:
-        self._generation += 1
-        path = self.folder / f"{self.prefix}{self._generation:06d}.hls"
-        handle = open(path, "ab")
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        """A new file, locked before a drainer can see it: created under a hidden name that
+        is new or refused (``x``), locked, then given its drainable name."""
+        while True:
+            self._generation += 1
+            path = self.folder / f"{self.prefix}{self._generation:06d}.hls"
+            hidden = path.with_name(f".{path.name}.new")
+            if path.exists():
+                continue
+            try:
+                handle = open(hidden, "xb")
+            except FileExistsError:
+                continue
+            break
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody else has it
+            os.rename(hidden, path)  # the lock stays with the open file
+        except BaseException:
+            handle.close()
+            hidden.unlink(missing_ok=True)
+            raise
         self._file, self._path = handle, path
         dir_fd = os.open(self.folder, os.O_RDONLY)
         try:  # the new name itself must survive a power cut

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -83,6 +84,31 @@ def test_a_spool_file_survives_its_process_and_is_drainable_by_another(tmp_path:
     [(path, handle)] = [(p, h.read()) for p, h in other.drainable()]
     assert read_records(handle)[0] == [event(1), event(2)]
     assert other.depth() == path.stat().st_size > 0
+
+
+def test_a_restart_with_its_predecessors_process_id_never_writes_into_its_files(
+        tmp_path: Path) -> None:
+    """A restarted service often has the dead one's process id (1 in a container). With
+    names from the id alone, its first spool write reopened the dead process's file while
+    its own drainer held that file, and each waited for the other: the write never
+    returned (and the drainer deleted the file under it)."""
+    dead = Spool(tmp_path, owner="1")
+    dead.write([event(1)])
+    dead.seal()  # the process ends; its lock goes with it
+    restarted = Spool(tmp_path, owner="1")
+    draining = restarted.drainable()
+    path, handle = next(draining)  # the drainer holds the dead process's file
+    assert read_records(handle.read())[0] == [event(1)]
+    writer = threading.Thread(target=restarted.write, args=([event(2)],), daemon=True)
+    writer.start()
+    writer.join(timeout=10)
+    assert not writer.is_alive(), "the write waited for the drainer's lock"
+    restarted.drained(path)
+    draining.close()
+    restarted.seal()
+    [(written, data)] = [(p, h.read()) for p, h in Spool(tmp_path, owner="2").drainable()]
+    assert written != path and read_records(data)[0] == [event(2)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [written.name]  # nothing hidden left
 
 
 def _connections(admin: str, name: str, allow: bool) -> None:
