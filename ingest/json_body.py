@@ -64,7 +64,10 @@ def _check(value: Any, depth: int, texts: bool = True) -> None:
         for item in value:
             _check(item, depth + 1, texts)
     elif isinstance(value, Decimal):
-        if not value.is_finite() or abs(value.adjusted()) > MAX_NUMBER_EXPONENT:
+        # its magnitude, and its decimal places: numeric holds at most 16,383 of those, and
+        # 1500.000... with 17,000 zeros is small but was refused by the database (a 503)
+        if not value.is_finite() or abs(value.adjusted()) > MAX_NUMBER_EXPONENT \
+                or value.as_tuple().exponent < -MAX_NUMBER_EXPONENT:  # type: ignore[operator]
             raise BodyError("number_out_of_range", "a number is out of range")
     elif isinstance(value, int) and not isinstance(value, bool):
         if value.bit_length() > 3 * MAX_NUMBER_EXPONENT:

@@ -169,6 +169,8 @@ def test_a_well_formed_event_is_read_the_same_either_way() -> None:
     (b'{"a": 1e999999}', "number_out_of_range"),
     (b'{"a": ' + b"9" * 5000 + b"}", "number_out_of_range"),
     (b'{"a": -' + b"9" * 1000 + b"}", "number_out_of_range"),
+    (b'{"a": 1.' + b"0" * 1001 + b"}", "number_out_of_range"),
+    (b'{"a": 1E-1001}', "number_out_of_range"),
     (b'{"a":' + b"[" * 100 + b"]" * 100 + b"}", "too_deep"),
     (b'{"a":' + b"[" * 100000 + b"]" * 100000 + b"}", "too_deep"),
 ])

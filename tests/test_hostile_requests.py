@@ -64,6 +64,8 @@ UNSTORABLE = [
     ("deeply nested", b'{"a": ' + b"[" * 5000 + b"]" * 5000 + b"}", "too_deep", None),
     ("huge number", replace("amount", "1e999999"), "number_out_of_range", "HOSTILE"),
     ("huge integer", replace("amount", "9" * 5000), "number_out_of_range", "HOSTILE"),
+    ("more decimal places than numeric holds", replace("amount", "1500." + "0" * 17000),
+     "number_out_of_range", "HOSTILE"),
     ("duplicate keys", replace("reference", '"A", "reference": "HOSTILE"'),
      "duplicate_json_key", "HOSTILE"),
     ("NUL in the reference", replace("reference", '"A\\u0000B"'), "nul_character", None),
