@@ -106,10 +106,10 @@ class BatchingAppender:
             for _, future in batch:
                 _settle(future, exc=exc)
             return
-        except LedgerError:
+        except LedgerError as exc:
             if len(batch) == 1:
                 raise_into = batch[0][1]
-                _settle(raise_into, exc=LedgerError("the database refused this event"))
+                _settle(raise_into, exc=LedgerError(f"the database refused this event: {exc}"))
                 return
             # one bad event must not sink the others: retry each on its own
             for item in batch:

@@ -24,6 +24,7 @@ from ingest.chat_body import (
     MALFORMED_EVENT_TYPE,
     PLATFORM_ERROR_CAUSES,
     SOURCE,
+    ChatDelivery,
     DeliveryMeta,
     attempt_of,
     delivery_id_of,
@@ -39,8 +40,8 @@ from ingest.incoming import DeliveryRequest
 from ingest.json_body import parse_object
 from ingest.metrics import IngestMetrics
 from ingest.rejections import Refusal, RejectionLog
-from ingest.unstorable import is_unstorable, placeholder_payload
-from ledger import LedgerError, NewEvent
+from ingest.unstorable import is_unstorable, placeholder_payload, refused_by_database
+from ledger import LedgerError, LedgerUnavailable, NewEvent
 
 SYSTEM = SOURCE
 SIGNATURE_HEADER = "x-service-signature"
@@ -142,23 +143,41 @@ class ChatEndpoint:
             delivery_id=meta.delivery_id, attempt=meta.attempt,
             message_id=delivery.facts.get("message_id"), event_type=delivery.event_type,
             verified_by=label)
-        event = NewEvent(
-            stream=delivery.stream,
-            event_type=delivery.event_type,
-            source=SOURCE,
-            dedupe_key=delivery.dedupe_key,
-            payload_json=text,
-            received_at=received_at,
-            facts=delivery.facts,
-            occurred_at=delivery.occurred_at,
-            raw_body=body,
-            headers=headers,
-            endpoint=endpoint,
-            verified_by=label,
-        )
+
+        def as_event(delivery: ChatDelivery, text: str) -> NewEvent:
+            return NewEvent(
+                stream=delivery.stream,
+                event_type=delivery.event_type,
+                source=SOURCE,
+                dedupe_key=delivery.dedupe_key,
+                payload_json=text,
+                received_at=received_at,
+                facts=delivery.facts,
+                occurred_at=delivery.occurred_at,
+                raw_body=body,
+                headers=headers,
+                endpoint=endpoint,
+                verified_by=label,
+            )
+
         started = time.perf_counter()
         try:
-            result = await self._appender.append(event)
+            try:
+                result = await self._appender.append(as_event(delivery, text))
+            except LedgerUnavailable:
+                raise
+            except LedgerError as exc:
+                if delivery.facts.get("unstorable"):
+                    raise
+                # the database refused this one event although strict reading took it:
+                # the signed bytes are kept all the same, as if strict reading had refused
+                refused = refused_by_database(exc)
+                log.error("delivery.refused_by_database", error=refused.detail)
+                try:
+                    kept = unstorable_chat(body, meta, refused)
+                except BodyError:
+                    raise exc from None
+                result = await self._appender.append(as_event(kept, placeholder_payload(refused)))
         except LedgerError as exc:
             log.error("delivery.unavailable", error=str(exc))
             return responses.unavailable()

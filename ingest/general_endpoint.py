@@ -22,6 +22,7 @@ from ingest.body import BODY_TIMEOUT_S, read_limited
 from ingest.errors import BodyError, BodyTooLarge, BodyTooSlow
 from ingest.general_body import (
     MALFORMED_EVENT_TYPE,
+    GeneralDelivery,
     read_general_or_malformed,
     unstorable_general,
 )
@@ -30,8 +31,8 @@ from ingest.incoming import DeliveryRequest
 from ingest.json_body import parse_object
 from ingest.metrics import IngestMetrics
 from ingest.rejections import Refusal, RejectionLog
-from ingest.unstorable import is_unstorable, placeholder_payload
-from ledger import LedgerError, NewEvent
+from ingest.unstorable import is_unstorable, placeholder_payload, refused_by_database
+from ledger import LedgerError, LedgerUnavailable, NewEvent
 
 SYSTEM = "general"
 SIGNATURE_HEADER = "x-service-signature"
@@ -109,23 +110,38 @@ class GeneralEndpoint:
         structlog.contextvars.bind_contextvars(
             reference=delivery.facts.get("reference"),
             delivery_event=delivery.facts.get("event"))
-        event = NewEvent(
-            stream=delivery.stream,
-            event_type=delivery.event_type,
-            source=SYSTEM,
-            dedupe_key=delivery.dedupe_key,
-            payload_json=text,
-            received_at=received_at,
-            facts=delivery.facts,
-            occurred_at=delivery.occurred_at,
-            raw_body=body,
-            headers=headers,
-            endpoint=endpoint,
-            verified_by=name,
-        )
+
+        def as_event(delivery: GeneralDelivery, text: str) -> NewEvent:
+            return NewEvent(
+                stream=delivery.stream,
+                event_type=delivery.event_type,
+                source=SYSTEM,
+                dedupe_key=delivery.dedupe_key,
+                payload_json=text,
+                received_at=received_at,
+                facts=delivery.facts,
+                occurred_at=delivery.occurred_at,
+                raw_body=body,
+                headers=headers,
+                endpoint=endpoint,
+                verified_by=name,
+            )
+
         started = time.perf_counter()
         try:
-            result = await self._appender.append(event)
+            try:
+                result = await self._appender.append(as_event(delivery, text))
+            except LedgerUnavailable:
+                raise
+            except LedgerError as exc:
+                if delivery.facts.get("unstorable"):
+                    raise
+                # the database refused this one event although strict reading took it:
+                # the signed bytes are kept all the same, as if strict reading had refused
+                refused = refused_by_database(exc)
+                log.error("delivery.refused_by_database", error=refused.detail)
+                result = await self._appender.append(
+                    as_event(unstorable_general(body, refused), placeholder_payload(refused)))
         except LedgerError as exc:
             log.error("delivery.unavailable", error=str(exc))
             return responses.unavailable()

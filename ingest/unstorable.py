@@ -63,6 +63,12 @@ def raw_digest(raw: bytes) -> str:
     return hashlib.sha256(raw).hexdigest()
 
 
+def refused_by_database(error: Exception) -> BodyError:
+    """Why a verified event strict reading took was still refused by the database: kept as
+    unstorable too, since the sender will not send it again (general) or only the same."""
+    return BodyError("refused_by_database", str(error)[:200])
+
+
 def placeholder_payload(error: BodyError) -> str:
     """The ``payload`` of a kept body ``jsonb`` cannot hold; the body is in ``raw_body``."""
     return dumps({"unstorable": True, "reason": error.reason, "detail": error.detail,

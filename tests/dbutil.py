@@ -29,3 +29,19 @@ def drop_database(admin_url: str, name: str) -> None:
 
 def unique_name(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:12]}"
+
+
+def refuse_event_type(url: str, event_type: str) -> None:
+    """Make the database itself refuse every new ledger row of ``event_type`` (a check
+    violation), as it would refuse a row strict reading let through by mistake."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"""
+            CREATE FUNCTION hookledger_private.test_refuse() RETURNS trigger
+            LANGUAGE plpgsql AS $$
+            BEGIN
+                RAISE EXCEPTION 'refused for the test' USING ERRCODE = 'check_violation';
+            END $$;
+            CREATE TRIGGER test_refuse BEFORE INSERT ON hookledger_private.ledger_events
+            FOR EACH ROW WHEN (NEW.event_type = '{event_type}')
+            EXECUTE FUNCTION hookledger_private.test_refuse();
+        """)

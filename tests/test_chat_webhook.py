@@ -20,6 +20,7 @@ from hookledger import logs
 from ingest.chat_secrets import ChatSecretStore, fingerprint
 from tests.chat_events import PHONE, chat_header, encode, inbound, status
 from tests.chat_live import wait_for
+from tests.dbutil import refuse_event_type
 from tests.live import running_service
 
 SECRETS = {PHONE: "chat-secret-alpha-1", "2000000002": "chat-secret-beta-2",
@@ -308,6 +309,22 @@ def test_a_chat_body_jsonb_cannot_hold_is_kept_by_its_raw_bytes_unless_for_anoth
     assert refused.status_code == 400 and refused.json()["reason"] == "phone_number_mismatch"
     assert rows(db_url, "SELECT count(*) FROM hookledger.ledger WHERE source = 'chat'") == [
         (1,)]
+
+
+def test_a_chat_event_the_database_refuses_is_kept_by_its_raw_bytes_not_refused(
+        service: str, db_url: str) -> None:
+    """Should strict reading miss a body the database refuses, the delivery is kept as
+    unstorable rather than answered 503 until the platform gives up on it."""
+    refuse_event_type(db_url, "chat.message.received")
+    raw = encode(inbound(message_id="wamid.REFUSED"))
+    answer = post(service, PHONE, raw, secret=SECRETS[PHONE])
+    assert answer.status_code == 200, answer.text
+    [(event_type, stored, facts, stream)] = rows(
+        db_url, "SELECT event_type, raw_body, facts, stream FROM hookledger.ledger "
+                "WHERE source = 'chat'")
+    assert (event_type, bytes(stored), stream) == ("chat.malformed", raw,
+                                                   "chat-message:wamid.REFUSED")
+    assert (facts["reason"], facts["unstorable"]) == ("refused_by_database", True)
 
 
 def test_a_stale_but_genuine_delivery_is_refused_as_stale(service: str, db_url: str) -> None:

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.chat_live import wait_for
+from tests.dbutil import refuse_event_type
 from tests.general_events import encode, general_body
 from tests.live import running_service
 from tests.test_general_webhook import SECRETS, post, rows
@@ -103,6 +104,32 @@ def test_a_signed_object_jsonb_cannot_hold_is_kept_by_its_raw_bytes_and_reported
     found = wait_for(lambda: rows(
         db_url, "SELECT kind, reference FROM hookledger.discrepancies"))
     assert found == [("malformed_delivery", reference or "")]
+
+
+def test_a_signed_event_the_database_refuses_is_kept_by_its_raw_bytes_not_lost(
+        service: str, db_url: str) -> None:
+    """Strict reading is meant to catch all the database would refuse; should it miss a
+    case, the signed delivery (which the general system never resends) is kept as
+    unstorable rather than answered 503. A payment sent beside it in the same moment is
+    appended as usual."""
+    refuse_event_type(db_url, "payment.confirmed")
+    raw = encode(GOOD)
+    answer = post(service, "primary", raw, secret=SECRETS["primary"])
+    assert answer.status_code == 200, answer.text
+    [(event_type, stored, payload, facts, stream)] = rows(
+        db_url, "SELECT event_type, raw_body, payload, facts, stream FROM hookledger.ledger "
+                "WHERE source = 'general'")
+    assert (event_type, bytes(stored), stream) == (
+        "general.malformed", raw, "collection:HOSTILE")
+    assert payload["reason"] == facts["reason"] == "refused_by_database"
+    assert "refused for the test" in facts["detail"] and facts["unstorable"] is True
+    again = post(service, "primary", raw, secret=SECRETS["primary"])
+    assert again.status_code == 200 and again.json()["duplicate"] is True
+    other = encode(general_body("payment.refunded", 91010, reference="OTHER"))
+    assert post(service, "primary", other, secret=SECRETS["primary"]).json()[
+        "duplicate"] is False
+    assert rows(db_url, "SELECT event_type FROM hookledger.ledger WHERE source = 'general' "
+                        "ORDER BY position") == [("general.malformed",), ("payment.refunded",)]
 
 
 # Signed JSON objects of a listed event whose fields cannot be read: the general system
