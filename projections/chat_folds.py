@@ -38,7 +38,7 @@ def message_keys(event: StoredEvent) -> list[str]:
 def fold_message(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrepancy]]:
     facts = dict(event.facts)
     status = facts["status"]
-    key = sort_key(STATUS_RANK[status], event.occurred_at, event.position)
+    key = sort_key(STATUS_RANK[status], event.occurred_at, event.dedupe_key, event.position)
     state: Row = dict(row) if row is not None else {
         "message_id": facts["message_id"], "status": None, "code": None, "error_code": None,
         "error_title": None, "updated_at": None, "winner": None, "provenance": {},
@@ -89,11 +89,14 @@ def fold_thread(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrepa
         "last_inbound_at": None, "window_expires_at": None, "last_message_id": None,
         "provenance": {}, "event_count": 0, "last_position": 0}
     at: datetime | None = event.occurred_at
-    if at is not None and (state["last_inbound_at"] is None or at > state["last_inbound_at"]):
+    latest = state["last_inbound_at"]
+    # two messages in one second: the greater id is the last, whichever arrived first
+    if at is not None and (latest is None or at > latest or (
+            at == latest and (facts.get("message_id") or "") > (state["last_message_id"] or ""))):
         state["last_inbound_at"] = at
         state["window_expires_at"] = at + WINDOW
         state["last_message_id"] = facts.get("message_id")
-    key = sort_key(0, at, event.position)
+    key = sort_key(0, at, event.dedupe_key, event.position)
     values, provenance = merge_descriptive({"profile_name": state["profile_name"]},
                                            state["provenance"],
                                            {"profile_name": facts.get("profile_name")}, key)

@@ -14,6 +14,7 @@ from typing import Any
 
 from ledger import StoredEvent
 from projections.folding import (
+    OLD_TIEBREAK,
     Discrepancy,
     SortKey,
     decimal_or_none,
@@ -21,6 +22,7 @@ from projections.folding import (
     key_to_json,
     merge_descriptive,
     sort_key,
+    tiebreak,
 )
 
 Row = dict[str, Any]
@@ -44,7 +46,7 @@ def _facts(event: StoredEvent) -> dict[str, Any]:
 
 
 def _event_key(event: StoredEvent, rank: int) -> SortKey:
-    return sort_key(rank, event.occurred_at, event.position)
+    return sort_key(rank, event.occurred_at, event.dedupe_key, event.position)
 
 
 # Events the reconciler appends when the provider's record shows a terminal state that no
@@ -71,7 +73,8 @@ def _fold_money(row: Row | None, event: StoredEvent, *, kind: str, rank: int,
     """
     facts = _facts(event)
     recovered = event.event_type == RECOVERED_EVENT
-    key = sort_key(rank, None, event.position) if recovered else _event_key(event, rank)
+    key = (sort_key(rank, None, event.dedupe_key, event.position) if recovered
+           else _event_key(event, rank))
     reference = facts["reference"]
     amount = decimal_or_none(facts.get("amount"))
     candidate: Row = {
@@ -317,8 +320,11 @@ def fold_invoice(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrep
     """Amounts come from the latest invoice block; settled exactly when amount_due is 0.
 
     "Latest" is by the provider's time, then by money received (it only grows), then rank,
-    then position. ``amount`` on invoice events is the TOTAL and is used only as a fallback
-    for ``total``; it is never money received.
+    then dedupe key, then position. The total comes from the latest event that gives one,
+    in the same order, so it is the total of the invoice the amounts describe (an update
+    after ``invoice.paid`` that raises the total shows the new total beside the new amount
+    due). ``amount`` on invoice events is the TOTAL and stands in for a block without one;
+    it is never money received.
     """
     facts = _facts(event)
     block = facts.get("invoice") or {}
@@ -326,7 +332,7 @@ def fold_invoice(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrep
     paid = decimal_or_none(block.get("amount_paid"))
     block_key = [event.occurred_at.timestamp() if event.occurred_at else 0.0,
                  str(paid if paid is not None else -1), INVOICE_RANK[event.event_type],
-                 event.position]
+                 tiebreak(event.dedupe_key), event.position]
     is_invoice_event = event.event_type.startswith("invoice.")
     found: list[Discrepancy] = []
     state = dict(row) if row is not None else {
@@ -343,12 +349,13 @@ def fold_invoice(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrep
         state["block_key"] = block_key
         state["updated_at"] = event.occurred_at
         state["last_event"] = facts["event"]
-    key = sort_key(INVOICE_RANK[event.event_type], event.occurred_at, event.position)
-    total = decimal_or_none(block.get("total"))
-    if total is None and is_invoice_event:
-        total = decimal_or_none(facts.get("amount"))  # invoice events carry the TOTAL
+    key = _event_key(event, INVOICE_RANK[event.event_type])
+    total = None
+    if is_invoice_event:  # a part payment's block is not the invoice's word on its total
+        total = decimal_or_none(block.get("total"))
+        if total is None:
+            total = decimal_or_none(facts.get("amount"))  # invoice events carry the TOTAL
     descriptive = {
-        "total": total if is_invoice_event else None,
         "currency": block.get("currency"),
         "due_date": _parse_date(block.get("due_date")),
         "paid_date": _parse_instant(block.get("paid_date")),
@@ -356,6 +363,11 @@ def fold_invoice(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrep
     }
     current = {name: state.get(name) for name in descriptive}
     values, provenance = merge_descriptive(current, state["provenance"], descriptive, key)
+    held_total = provenance.get("total")
+    if total is not None and (held_total is None or len(held_total) != len(block_key)
+                              or _block_newer(block_key, held_total)):
+        values["total"] = total  # a mark of the old shape was ranked, not ordered: replaced
+        provenance["total"] = block_key
     state.update(values)
     state["provenance"] = provenance
     if event.event_type == "invoice.cancelled":
@@ -382,5 +394,9 @@ def fold_invoice(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrep
 
 
 def _block_newer(candidate: list[Any], held: list[Any]) -> bool:
-    return (candidate[0], Decimal(candidate[1]), candidate[2], candidate[3]) > (
-        held[0], Decimal(held[1]), held[2], held[3])
+    """``held`` may be of the shape folded before the dedupe key was in it, which ranks
+    below every tied key until ``hookledger rebuild`` refolds it."""
+    if len(held) == 4:
+        held = [*held[:3], OLD_TIEBREAK, held[3]]
+    return (candidate[0], Decimal(candidate[1]), candidate[2], candidate[3], candidate[4]) > (
+        held[0], Decimal(held[1]), held[2], held[3], held[4])

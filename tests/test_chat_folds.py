@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import UTC, datetime, timedelta
 from itertools import count
@@ -98,6 +99,21 @@ def test_each_inbound_message_extends_the_window_and_a_late_old_one_does_not_shr
     assert row["last_inbound_at"] == datetime.fromtimestamp(T0 + 3600, UTC)
     assert row["window_expires_at"] - row["last_inbound_at"] == timedelta(hours=24)
     assert (row["profile_name"], row["last_message_id"]) == ("Asha M.", "a")
+
+
+def test_two_messages_in_one_second_leave_the_same_thread_whatever_arrived_first() -> None:
+    """Timestamps are whole seconds: arrival order must not pick the last message, nor the
+    name the thread shows."""
+    a = chat_event(inbound("wamid.A", T0, name="Asha"))
+    b = chat_event(inbound("wamid.B", T0, name="Asha M."))
+    first = fold([a, b], thread_keys, fold_thread)
+    again = fold([dataclasses.replace(b, position=1), dataclasses.replace(a, position=2)],
+                 thread_keys, fold_thread)
+    assert [{k: v for k, v in row.items() if k not in HIDDEN} for row in first.values()] == [
+        {k: v for k, v in row.items() if k not in HIDDEN} for row in again.values()]
+    [row] = first.values()
+    assert row["last_message_id"] == "wamid.B" and row["last_inbound_at"] == datetime.fromtimestamp(
+        T0, UTC)
 
 
 def test_statuses_do_not_open_a_window() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from decimal import Decimal
 from typing import Any
 
@@ -217,6 +218,21 @@ def test_a_cancelled_invoice_stays_cancelled_when_resaved() -> None:
         invoice_event("invoice.cancelled", 93003, 0, 900, "20261122081000"),
         invoice_event("invoice.updated", 93001, 0, 900, "20261122082000")])
     assert rows["INV-1"]["status"] == "cancelled" and rows["INV-1"]["settled"] is False
+
+
+def test_the_total_is_the_latest_invoices_beside_its_amounts_whatever_the_order() -> None:
+    """Re-saved after invoice.paid with a larger total: owed again, and the total shown is
+    the new one (it once kept the paid event's, which outranks an update)."""
+    paid = invoice_event("invoice.paid", 93002, 900, 0, "20261122082000")
+    raised = ev("invoice.updated", 93001, reference="INV-1", amount=1500, service="Invoicing",
+                timestamp="20261122090000",
+                invoice={**INVOICE, "total": 1500, "amountPaid": 900, "amountDue": 600})
+    for order in ([paid, raised], [raised, paid]):
+        arrived = [dataclasses.replace(e, position=n + 1) for n, e in enumerate(order)]
+        rows, _ = fold_all("invoices", arrived)
+        row = rows["INV-1"]
+        assert (row["total"], row["amount_paid"], row["amount_due"], row["status"]) == (
+            Decimal("1500"), Decimal("900"), Decimal("600"), "partially_paid")
 
 
 def test_the_latest_block_wins_whatever_the_arrival_order() -> None:

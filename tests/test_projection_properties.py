@@ -26,12 +26,13 @@ def scenario(draw: st.DrawFn) -> list[NewEvent]:
     for i in range(draw(st.integers(0, 2))):
         # several confirmations of one collection, amounts drawn from a small set so that
         # equal amounts (700 and 700.0) and different ones both occur; some with a code that
-        # contradicts the event
+        # contradicts the event; some in the same second (the provider's resolution)
         for n, amount in enumerate(draw(st.lists(st.sampled_from([700, 700.0, 900, 1100]),
                                                  min_size=1, max_size=4))):
             events.append(new_event("payment.confirmed",
                                     draw(st.sampled_from([91000, 91001, 91055])),
-                                    reference=f"R{i}", amount=amount, timestamp=ts(n),
+                                    reference=f"R{i}", amount=amount,
+                                    timestamp=ts(draw(st.sampled_from([0, n]))),
                                     transaction_id=f"TX-{n}"))
     for i in range(draw(st.integers(1, 4))):
         ref, kind = f"P{i}", draw(st.sampled_from(["paid", "refunded", "failed", "conflict"]))
@@ -71,11 +72,16 @@ def scenario(draw: st.DrawFn) -> list[NewEvent]:
                                     timestamp=ts(10 + step),
                                     invoice={**block, "amountPaid": paid,
                                              "amountDue": total - paid}))
-        end = draw(st.sampled_from(["paid", "cancelled", None]))
-        if end == "paid":
+        end = draw(st.sampled_from(["paid", "paid, then raised", "cancelled", None]))
+        if end and end.startswith("paid"):
             events.append(new_event("invoice.paid", 93002, reference=number, amount=total,
                                     timestamp=ts(30), invoice={**block, "amountPaid": total,
                                                                "amountDue": 0}))
+        if end == "paid, then raised":  # re-saved with a larger total: owed again
+            events.append(new_event("invoice.updated", 93001, reference=number, amount=1500,
+                                    timestamp=ts(40), invoice={**block, "total": 1500,
+                                                               "amountPaid": total,
+                                                               "amountDue": 1500 - total}))
         elif end == "cancelled":
             events.append(new_event("invoice.cancelled", 93003, reference=number,
                                     amount=total, timestamp=ts(30),
