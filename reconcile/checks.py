@@ -111,6 +111,15 @@ def decide(local: Local, lookup: Lookup, *, now: datetime, window: timedelta) ->
                 if d.kind == "unknown_at_provider"]
     facts = _provider_facts(record)
     if not record.terminal:
+        if overdue and local.outcome in TERMINAL:
+            # our webhooks call it final and the provider does not: a state that no later
+            # webhook can settle (it already came), so not "unresolved"
+            found.append(Detection(
+                "status_mismatch",
+                f"webhooks say {local.status} ({local.outcome}), the provider still says "
+                f"{record.status or 'pending'} after the resolution window",
+                _risk(local.amount, record.amount), facts))
+            return _verdict("mismatch", None, found, resolve, open_kinds, settled=False)
         if overdue:
             found.append(Detection(
                 "unresolved",
@@ -159,10 +168,16 @@ def decide(local: Local, lookup: Lookup, *, now: datetime, window: timedelta) ->
             abs(local.expected_amount - record.amount),
             {**facts, "basis": "expectation",
              "expected_amount": format(local.expected_amount, "f")}))
-    mismatch = any(d.kind in ("status_mismatch", "amount_mismatch") for d in found)
+    status_differs = any(d.kind == "status_mismatch" for d in found)
+    mismatch = status_differs or any(d.kind == "amount_mismatch" for d in found)
     if not mismatch:
         resolve += [(d.id, "a check agrees with the provider") for d in local.open
                     if d.kind in ("status_mismatch", "amount_mismatch", "conflicting_events")]
+    elif not status_differs and not behind:
+        # the states agree now and only the amount differs: that is an amount_mismatch's
+        # to carry, with the difference at risk, not the whole amount
+        resolve += [(d.id, "a check agrees with the provider on the state") for d in local.open
+                    if d.kind == "status_mismatch"]
     result = "recovered" if recover else "mismatch" if mismatch else "agrees"
     return _verdict(result, recover, found, resolve, open_kinds, settled=not mismatch)
 
@@ -186,12 +201,13 @@ def settle(kind: str, facts: Mapping[str, Any], row: Mapping[str, Any] | None) -
     provider_outcome = facts.get("provider_outcome")
     if row.get("recovered") or provider_outcome is None or outcome != provider_outcome:
         return None
-    if kind == "missing_webhook":
+    if kind == "missing_webhook":  # its amount, if it differs, is an amount_mismatch's
         return "the late webhook arrived and agrees"
-    if kind in ("status_mismatch", "amount_mismatch"):
-        wanted = facts.get("expected_amount") if facts.get("basis") == "expectation" \
-            else facts.get("provider_amount")
-        amount = row.get("amount")
+    if kind == "status_mismatch":  # likewise
+        return "a later webhook agrees with the provider"
+    if kind == "amount_mismatch" and facts.get("basis") != "expectation":
+        # (the provider paid other than expected: no webhook can change that, a check can)
+        wanted, amount = facts.get("provider_amount"), row.get("amount")
         if wanted is None or amount is None or Decimal(str(wanted)) != Decimal(str(amount)):
             return None
         return "a later webhook agrees with the provider"

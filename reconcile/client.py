@@ -56,7 +56,7 @@ def parse_envelope(body: bytes) -> Envelope:
     """Strictly: a JSON object with success (bool), code (int), message (str), data (object)."""
     try:
         value = json.loads(body, parse_float=Decimal)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # nested past the reader
         raise MalformedEnvelope("the answer is not JSON") from exc
     if not isinstance(value, dict):
         raise MalformedEnvelope("the answer is not a JSON object")
@@ -175,6 +175,8 @@ class ReferenceClient:
             raise _Retryable("timeout", f"no answer in time ({type(exc).__name__})") from exc
         except httpx.TransportError as exc:
             raise _Retryable("unreachable", f"transport error ({type(exc).__name__})") from exc
+        except httpx.HTTPError as exc:  # an answer httpx could not read (a bad gzip body...)
+            raise _Retryable("unreadable", f"unreadable answer ({type(exc).__name__})") from exc
         status = answer.status_code
         if status == 429:
             raise _Retryable("rate_limited", "HTTP 429",

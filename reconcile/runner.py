@@ -155,6 +155,9 @@ class Reconciler:
         cfg = self.config
         await self._catch_up(conn)
         await self._settle(conn, result, now or datetime.now(UTC))
+        # the resolutions just appended, folded: a check must see them closed, or it takes
+        # a finding they closed for one still open and never raises it again
+        await self._catch_up(conn)
         done = 0
         while done < cfg.max_subjects:
             moment = now or datetime.now(UTC)
@@ -177,7 +180,11 @@ class Reconciler:
 
         async def ask(reference: str) -> Lookup:
             await pacer.wait()
-            return await self._client.lookup(reference)
+            try:
+                return await self._client.lookup(reference)
+            except Exception as exc:  # one lookup's bug must not end the pass
+                log.exception("reconcile.lookup_failed", reference=reference)
+                return Lookup(reference, "error", error="internal", detail=type(exc).__name__)
 
         lookups = await asyncio.gather(*(ask(d.reference) for d in due))
         events: list[NewEvent] = []

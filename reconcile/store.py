@@ -50,6 +50,11 @@ WITH candidates AS (
     FROM hookledger_private.discrepancies
     WHERE status = 'open' AND kind = ANY(%(recheck_kinds)s)
       AND subject IN ('collection', 'payout') AND reference <> ''
+    UNION ALL
+    -- a check that settled nothing (not known yet, still pending, an error) is asked again
+    -- after its backoff, whatever made the subject due the first time
+    SELECT subject, reference, 3, NULL FROM hookledger_private.reconcile_subjects
+    WHERE next_check_at IS NOT NULL
 ), due AS (
     SELECT DISTINCT ON (c.subject, c.reference) c.subject, c.reference, c.priority
     FROM candidates c

@@ -9,8 +9,9 @@ faulted, so tests can always turn faults off):
 * ``timeout_count`` / ``timeout_rate``: hang ``hang_s`` seconds (longer than a client
   waits), then answer 504;
 * ``malformed_count`` / ``malformed_rate``: answer 200 with a broken envelope:
-  ``malformed_kind`` ``non_json`` (an HTML page labelled JSON) or ``missing_fields``
-  (JSON without ``code``, ``message`` and ``data``).
+  ``malformed_kind`` ``non_json`` (an HTML page labelled JSON), ``missing_fields``
+  (JSON without ``code``, ``message`` and ``data``) or ``bad_encoding`` (labelled gzip, but
+  not gzip: the client cannot even read it).
 
 Counts are used up first, one answer each; rates then apply per answer, drawn from a
 random generator seeded with ``seed``. When several would fire, the first of timeout,
@@ -42,7 +43,7 @@ class FaultSettings:
     hang_s: float = 60.0
     malformed_count: int = 0
     malformed_rate: float = 0.0
-    malformed_kind: Literal["non_json", "missing_fields"] = "non_json"
+    malformed_kind: Literal["non_json", "missing_fields", "bad_encoding"] = "non_json"
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -54,8 +55,8 @@ class FaultSettings:
                 raise ValueError(f"{f.name} must not be negative")
         if not 500 <= self.error_status <= 599:
             raise ValueError("error_status must be a 5xx status")
-        if self.malformed_kind not in ("non_json", "missing_fields"):
-            raise ValueError("malformed_kind must be non_json or missing_fields")
+        if self.malformed_kind not in ("non_json", "missing_fields", "bad_encoding"):
+            raise ValueError("malformed_kind must be non_json, missing_fields or bad_encoding")
 
     @classmethod
     def from_json(cls, data: dict[str, Any], base: FaultSettings | None = None

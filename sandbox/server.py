@@ -83,6 +83,9 @@ def _faulty(faults: Faults, handler: Handler) -> Handler:
             if settings.malformed_kind == "non_json":
                 return Response(b"<html><body>502 Bad Gateway</body></html>",
                                 media_type="application/json")
+            if settings.malformed_kind == "bad_encoding":
+                return Response(b"this is not gzip", media_type="application/json",
+                                headers={"Content-Encoding": "gzip"})
             return Response(jsonenc.encode({"success": True}), media_type="application/json")
         return answer
 

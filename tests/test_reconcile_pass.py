@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -19,6 +21,12 @@ from tests.reconcile_helpers import (
     reconcile,
     rows,
 )
+
+
+def ts_ago(**delta: float) -> str:
+    """A provider timestamp (its zone, no offset) that long ago."""
+    return (datetime.now(UTC) - timedelta(**delta)).astimezone(
+        ZoneInfo("Africa/Dar_es_Salaam")).strftime("%Y%m%d%H%M%S")
 
 
 def discrepancies(url: str, status: str = "open") -> list[tuple[str, str, str, Decimal | None]]:
@@ -280,3 +288,113 @@ def test_a_bug_judging_one_subject_never_stops_the_others(
     assert rows(db_url, "SELECT reference, last_result, coalesce(next_check_at > now(), false) "
                         "FROM hookledger_private.reconcile_subjects ORDER BY reference") == [
         ("BUG-1", "error", True), ("OK-1", "recovered", False)]
+
+
+def _time_passes(url: str) -> None:
+    rows(url, "UPDATE hookledger_private.reconcile_subjects "
+              "SET next_check_at = now() - interval '1 second' WHERE next_check_at IS NOT NULL "
+              "RETURNING 1")
+
+
+def test_a_recent_payment_the_provider_does_not_know_yet_is_asked_again_after_its_backoff(
+        db_url: str) -> None:
+    """The rolling re-check of a fresh success found no record inside the window: that
+    settles nothing, so it is asked again, and past the window it is unknown_at_provider
+    (it was asked once and never again)."""
+    state = CountingState()
+    deliver(db_url, "payment.confirmed", 91000, reference="F-1", amount=90000,
+            timestamp=ts_ago(seconds=20))
+    with running_sandbox(state=state) as api:
+        first = reconcile(db_url, api.url)
+        assert (state.asked["F-1"], first.detected) == (1, [])
+        _time_passes(db_url)
+        reconcile(db_url, api.url, window=timedelta(seconds=1))
+    assert state.asked["F-1"] == 2
+    assert discrepancies(db_url) == [("unknown_at_provider", "collection", "F-1",
+                                      Decimal(90000))]
+
+
+def test_a_recheck_the_api_failed_is_asked_again_once_it_answers(db_url: str) -> None:
+    state = CountingState()
+    state.record_general(body("payment.confirmed", 91000, reference="E-1", amount=70000))
+    deliver(db_url, "payment.confirmed", 91000, reference="E-1", amount=70000)
+    with running_sandbox(state=state, faults=FaultSettings(error_rate=1.0)) as api:
+        failed = reconcile(db_url, api.url, max_attempts=1)
+        assert failed.errors and failed.checked == 1
+        api.faults.configure(FaultSettings())
+        _time_passes(db_url)
+        again = reconcile(db_url, api.url)
+    assert again.checked == 1 and not again.errors
+    assert rows(db_url, "SELECT last_result, next_check_at FROM "
+                        "hookledger_private.reconcile_subjects") == [("agrees", None)]
+
+
+def test_a_webhook_success_the_provider_still_calls_pending_stays_a_mismatch(
+        db_url: str) -> None:
+    """Final by webhook, pending at the provider past the window: once reported as
+    unresolved, which the next pass closed at once ("a final state arrived": it had)."""
+    state = CountingState()
+    state.put_record("P-1", {"reference": "P-1", "status": "PENDING", "amount": 50000,
+                             "service": "Collection", "type": "CHARGE"})
+    deliver(db_url, "payment.confirmed", 91000, reference="P-1", amount=50000,
+            timestamp=ts_ago(minutes=10))
+    with running_sandbox(state=state) as api:
+        reconcile(db_url, api.url)
+        _time_passes(db_url)
+        reconcile(db_url, api.url)
+    assert state.asked["P-1"] == 2
+    assert discrepancies(db_url) == [("status_mismatch", "collection", "P-1", Decimal(50000))]
+    assert discrepancies(db_url, "resolved") == []
+
+
+def test_a_late_webhook_for_more_than_the_provider_paid_keeps_the_shortfall_open(
+        db_url: str) -> None:
+    """1,500 expected, 1,000 paid at the provider (recovered), then a webhook claiming
+    1,500: the webhook is no longer missing, but the shortfall stands (it was closed as
+    agreeing, and nothing was at risk any more)."""
+    state = CountingState()
+    state.record_general(body("payment.confirmed", 91001, reference="Q-1", amount=1000,
+                              status="PARTIAL"))
+    expect(db_url, "Q-1", "collection", 1500)
+    with running_sandbox(state=state) as api:
+        reconcile(db_url, api.url)
+        assert discrepancies(db_url) == [
+            ("amount_mismatch", "collection", "Q-1", Decimal(500)),
+            ("missing_webhook", "collection", "Q-1", Decimal(1000))]
+        deliver(db_url, "payment.confirmed", 91000, reference="Q-1", amount=1500)
+        reconcile(db_url, api.url)
+    assert discrepancies(db_url) == [("amount_mismatch", "collection", "Q-1", Decimal(500))]
+    assert [r[0] for r in discrepancies(db_url, "resolved")] == ["missing_webhook"]
+
+
+def test_once_the_states_agree_only_the_amount_difference_stays_at_risk(db_url: str) -> None:
+    state = CountingState()
+    state.record_general(body("payment.confirmed", 91000, reference="S-2", amount=1500))
+    deliver(db_url, "payment.failed", 91053, reference="S-2", amount=0, status="FAILED",
+            transaction_id="-1", timestamp="20261122083000")
+    with running_sandbox(state=state) as api:
+        reconcile(db_url, api.url)
+        assert discrepancies(db_url) == [("status_mismatch", "collection", "S-2",
+                                          Decimal(1500))]
+        deliver(db_url, "payment.confirmed", 91000, reference="S-2", amount=1400,
+                timestamp="20261122083500")
+        reconcile(db_url, api.url)
+    # (a failure beside a success is the projector's conflicting_events, of its own)
+    assert discrepancies(db_url) == [("amount_mismatch", "collection", "S-2", Decimal(100)),
+                                     ("conflicting_events", "collection", "S-2", Decimal(1400))]
+    assert [r[0] for r in discrepancies(db_url, "resolved")] == ["status_mismatch"]
+
+
+def test_an_answer_the_client_cannot_even_decode_is_retried_and_the_pass_goes_on(
+        db_url: str) -> None:
+    """Labelled gzip but not gzip: httpx raises a decoding error, which once escaped the
+    client and ended the pass, and every pass after it, on the same subject."""
+    state = CountingState()
+    for reference in ("OK-1", "BAD-1", "OK-2"):
+        state.record_general(body("payment.confirmed", 91000, reference=reference, amount=10))
+        expect(db_url, reference, "collection", 10)
+    faults = FaultSettings(malformed_count=1, malformed_kind="bad_encoding")
+    with running_sandbox(state=state, faults=faults) as api:
+        result = reconcile(db_url, api.url, max_attempts=1, concurrency=1)
+    assert result.checked == 3 and sum(result.errors.values()) == 1
+    assert len(result.recovered) == 2
