@@ -106,6 +106,7 @@ def chat() -> None:
 @click.argument("phone_number_id")
 def rotate_secret(phone_number_id: str) -> None:
     """Rotate the number's chat secret through the API and keep the new one."""
+    from hookledger import migrate
     from hookledger.database import database
 
     _check_id(phone_number_id)
@@ -124,6 +125,7 @@ def rotate_secret(phone_number_id: str) -> None:
             await pool.close()
 
     with database(settings) as url:
+        migrate.upgrade(url)  # before the provider issues a secret there must be a table for it
         try:
             rotated = asyncio.run(run(url))
         except SecretNotStored as exc:
@@ -143,6 +145,7 @@ def rotate_secret(phone_number_id: str) -> None:
               help="read the secret from this file (e.g. a rescued-secrets file)")
 def store_secret(phone_number_id: str, from_file: Path | None) -> None:
     """Keep a secret the provider issued that could not be stored at rotation time."""
+    from hookledger import migrate
     from hookledger.database import database
 
     _check_id(phone_number_id)
@@ -162,6 +165,7 @@ def store_secret(phone_number_id: str, from_file: Path | None) -> None:
             await pool.close()
 
     with database(settings) as url:
+        migrate.upgrade(url)
         try:
             rotated = asyncio.run(run(url))
         except SecretNotStored as exc:

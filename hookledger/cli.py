@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import sys
@@ -54,10 +55,28 @@ def configure_logging(settings: Settings) -> None:
                    secrets=_secret_values(settings))
 
 
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    """SIGTERM as SIGINT already is: an exception, so that what a command started (the
+    embedded server above all) is stopped on the way out. Python's default for SIGTERM
+    ends the process where it stands, and left the embedded server running."""
+    raise SystemExit(128 + signum)
+
+
+def _exit_cleanly(_signum: int, _frame: object) -> None:
+    raise SystemExit(0)  # a stop asked for, while serve starts
+
+
+def _ignore_signals() -> None:
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: None)
+
+
 @click.group()
 @click.version_option(package_name="hookledger")
 def main() -> None:
     """hookledger: a reconciliation ledger for the provider's webhooks."""
+    with contextlib.suppress(ValueError):  # only the main thread may (a test's CliRunner)
+        signal.signal(signal.SIGTERM, _exit_on_signal)  # serve and project have their own
 
 
 @main.command()
@@ -66,11 +85,13 @@ def serve() -> None:
     settings = load_settings()
     configure_logging(settings)
     started = time.perf_counter()
-    # uvicorn restores and re-raises the signal it caught after its graceful shutdown;
-    # with these handlers in place that re-raise is harmless, so the embedded database is
-    # stopped and the process exits 0.
+    # Starting (the embedded server, migrations, the socket, the projector): a signal
+    # leaves at once by SystemExit, so that what was started is stopped on the way out
+    # (no-op handlers here once let a stop request during start-up go unheard, and serve
+    # carried on). Serving: uvicorn's supervisor takes the signals from when it is made.
+    # Stopping: nothing, so a second signal cannot cut the stops short.
     for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: None)
+        signal.signal(signum, _exit_cleanly)
     try:
         with database(settings) as url:
             migrate.upgrade(url)
@@ -96,6 +117,7 @@ def _serve_workers(settings: Settings, url: str, started: float) -> None:
     import os
 
     import uvicorn
+    from uvicorn.config import STARTUP_FAILURE
     from uvicorn.supervisors import Multiprocess
 
     from hookledger.app import PROJECTOR_NAME_VARIABLE, live_projector
@@ -123,17 +145,24 @@ def _serve_workers(settings: Settings, url: str, started: float) -> None:
     # the workers only answer; folding runs here, beside the supervisor, off their loops
     projector = (ProjectorThread(live_projector(settings, url, projector_name))
                  if settings.projector else None)
-    if projector is not None:
-        projector.start()
-    else:
-        log.info("projector.off", reason="HOOKLEDGER_PROJECTOR=off: a `hookledger project` "
-                                         "process projects this database")
+    supervisor: Multiprocess | None = None
     try:
+        if projector is not None:
+            projector.start()
+        else:
+            log.info("projector.off", reason="HOOKLEDGER_PROJECTOR=off: a `hookledger "
+                                             "project` process projects this database")
         with tuned_for_serving():  # as in each worker (hookledger.app), for the projector
-            Multiprocess(config, sockets=[sock]).run()
+            supervisor = Multiprocess(config, sockets=[sock])  # its handlers from here on
+            supervisor.run()
     finally:
+        _ignore_signals()
         if projector is not None:
             projector.stop()
+    assert supervisor is not None  # else what stopped it is on its way out
+    if any(worker.exitcode == STARTUP_FAILURE for worker in supervisor.processes):
+        # uvicorn stops every worker when one cannot start; that is no clean stop
+        _fail("an HTTP worker could not start (its error is logged above)")
 
 
 @main.command()

@@ -190,9 +190,10 @@ REPORT_STEPS: list[Callable[[DemoContext], list[str]]] = [_deliveries, _ledger,
 
 def _run(home: Path, seed: int) -> list[str]:
     logs.configure(fmt="console", level="error")
-    # secrets in the same name=secret text form as the environment variables
+    # secrets in the same name=secret text form as the environment variables; never the
+    # user's own provider (its API would be asked about the demo's made-up references)
     options: dict[str, Any] = {
-        "home": home, "database_url": None,
+        "home": home, "database_url": None, "api_base_url": None, "api_key": None,
         "general_secrets": ",".join(f"{k}={v}" for k, v in GENERAL_SECRETS.items()),
         "chat_secrets": ",".join(f"{k}={v}" for k, v in CHAT_SECRETS.items())}
     settings = Settings(**options)

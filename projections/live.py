@@ -165,6 +165,8 @@ class ProjectorThread:
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop at a batch boundary (the batch in flight commits) and wait for it."""
+        if self._thread.ident is None:
+            return  # never started (serve was stopped while it started)
         if self._loop is not None and self._thread.is_alive():
             self._loop.call_soon_threadsafe(self.projector.stop)
         self._thread.join(timeout)

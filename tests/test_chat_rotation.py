@@ -138,6 +138,17 @@ def test_cli_rotation_stores_the_secret_and_the_running_service_takes_it(
     assert source == "admin" and payload["via"] == "cli" and new_secret not in text
 
 
+def test_cli_rotation_on_a_database_never_migrated_first_migrates_then_stores_the_secret(
+        sandbox: Sandbox, empty_db_url: str, tmp_path: Path) -> None:
+    """Before serve or migrate ever ran: the provider was asked for a secret there was no
+    table for, so the once-shown secret was only printed, and store-secret failed too."""
+    result = invoke(["chat", "rotate-secret", PHONE], cli_env(empty_db_url, sandbox.url,
+                                                              str(tmp_path)))
+    assert result.exit_code == 0, result.output
+    new_secret = sandbox.state.number(PHONE).secret  # type: ignore[union-attr]
+    assert stored_secrets(empty_db_url)[new_secret] is None
+
+
 def test_cli_storing_failure_prints_the_secret_once_and_store_secret_recovers_it(
         sandbox: Sandbox, db_url: str, tmp_path: Path) -> None:
     """A real failure: the secrets table is not there when the answer arrives."""

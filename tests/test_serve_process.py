@@ -227,3 +227,80 @@ def test_bad_configuration_names_the_key_and_never_echoes_a_value(tmp_path: Path
     assert result.returncode == 2
     assert "HOOKLEDGER_GENERAL_SECRETS" in result.stderr and "HOOKLEDGER_PORT" in result.stderr
     assert "s3cret" not in result.stderr + result.stdout
+
+
+def _wait_for_server(home: Path, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not postgres_running(home):
+        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else "exited"
+        assert time.monotonic() < deadline, "the embedded server never came up"
+        time.sleep(0.05)
+
+
+def test_a_stop_asked_for_while_serve_starts_stops_it_and_its_server(tmp_path: Path) -> None:
+    """SIGTERM once the embedded server is up but before serve answers: serve once ignored
+    it and went on to serve (and a supervisor's kill -9 later left the server running)."""
+    home = tmp_path / "starting-home"
+    port = free_port()
+    proc = hookledger(home, "serve", port=port)
+    try:
+        _wait_for_server(home, proc)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not postgres_running(home)
+
+
+def test_sigterm_to_a_one_shot_command_stops_the_embedded_server_it_started(
+        tmp_path: Path) -> None:
+    """Python's default for SIGTERM ends a process where it stands: a `hookledger chat
+    rotate-secret` (here waiting on a provider that never answers) left the embedded
+    server running."""
+    from sandbox.faults import FaultSettings
+    from sandbox.runner import running_sandbox
+
+    home = tmp_path / "one-shot-home"
+    hang = FaultSettings(timeout_rate=1.0, hang_s=60)
+    with running_sandbox(api_key="k1", faults=hang) as api:
+        api.state.connect_number("1098765432", secret="before")
+        proc = hookledger(home, "chat", "rotate-secret", "1098765432", settings={
+            "HOOKLEDGER_API_BASE_URL": api.url, "HOOKLEDGER_API_KEY": "k1"})
+        try:
+            _wait_for_server(home, proc)
+            time.sleep(1.0)  # migrating, or waiting on the provider: either way mid-command
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert not postgres_running(home)
+
+
+def test_a_worker_that_cannot_start_makes_serve_exit_non_zero(tmp_path: Path) -> None:
+    """uvicorn stops every worker when one fails to start; serve used to exit 0 then, which
+    a supervisor restarting on failure reads as a clean stop."""
+    home = tmp_path / "broken-home"
+    home.mkdir()
+    (home / "spool").write_text("not a directory")  # the worker's spool cannot be made
+    proc = hookledger(home, "serve")
+    try:
+        assert proc.wait(timeout=90) != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "an HTTP worker could not start" in (proc.stderr.read().decode()
+                                                if proc.stderr else "")
+    assert not postgres_running(home)
+
+
+def test_a_chat_number_or_secret_the_store_refuses_is_a_configuration_error(
+        tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKLEDGER_")}
+    env.update(HOOKLEDGER_HOME=str(tmp_path), HOOKLEDGER_CHAT_SECRETS="1" * 70 + "=s3cret")
+    result = subprocess.run([sys.executable, "-m", "hookledger", "migrate"], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "HOOKLEDGER_CHAT_SECRETS" in result.stderr
+    assert "s3cret" not in result.stderr + result.stdout
