@@ -31,8 +31,8 @@ from ingest.incoming import DeliveryRequest
 from ingest.json_body import parse_object
 from ingest.metrics import IngestMetrics
 from ingest.rejections import Refusal, RejectionLog
-from ingest.unstorable import is_unstorable, placeholder_payload, refused_by_database
-from ledger import LedgerError, LedgerUnavailable, NewEvent
+from ingest.unstorable import append_keeping_refused, is_unstorable, placeholder_payload
+from ledger import LedgerError, NewEvent
 
 SYSTEM = "general"
 SIGNATURE_HEADER = "x-service-signature"
@@ -129,19 +129,9 @@ class GeneralEndpoint:
 
         started = time.perf_counter()
         try:
-            try:
-                result = await self._appender.append(as_event(delivery, text))
-            except LedgerUnavailable:
-                raise
-            except LedgerError as exc:
-                if delivery.facts.get("unstorable"):
-                    raise
-                # the database refused this one event although strict reading took it:
-                # the signed bytes are kept all the same, as if strict reading had refused
-                refused = refused_by_database(exc)
-                log.error("delivery.refused_by_database", error=refused.detail)
-                result = await self._appender.append(
-                    as_event(unstorable_general(body, refused), placeholder_payload(refused)))
+            result = await append_keeping_refused(
+                self._appender.append, as_event, delivery, text,
+                lambda refused: unstorable_general(body, refused))
         except LedgerError as exc:
             log.error("delivery.unavailable", error=str(exc))
             return responses.unavailable()

@@ -15,12 +15,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Awaitable, Callable
 from decimal import Decimal
 from typing import Any
+
+import structlog
 
 from ingest.errors import BodyError
 from ingest.json_body import check_text
 from ledger.jsonenc import dumps
+
+log = structlog.get_logger("hookledger.ingest")
 
 # strict-reading reasons for a body that is a JSON object all the same
 UNSTORABLE_REASONS = frozenset({"duplicate_json_key", "nul_character", "invalid_unicode",
@@ -67,6 +72,29 @@ def refused_by_database(error: Exception) -> BodyError:
     """Why a verified event strict reading took was still refused by the database: kept as
     unstorable too, since the sender will not send it again (general) or only the same."""
     return BodyError("refused_by_database", str(error)[:200])
+
+
+async def append_keeping_refused(
+        append: Callable[[Any], Awaitable[Any]], event_of: Callable[[Any, str], Any],
+        delivery: Any, text: str, kept_as: Callable[[BodyError], Any]) -> Any:
+    """Append ``event_of(delivery, text)``; should the database refuse that one event (not
+    be away), keep the signed bytes as unstorable (``kept_as``) rather than answer 503."""
+    from ledger import LedgerError, LedgerUnavailable
+
+    try:
+        return await append(event_of(delivery, text))
+    except LedgerUnavailable:
+        raise
+    except LedgerError as exc:
+        if delivery.facts.get("unstorable"):
+            raise
+        refused = refused_by_database(exc)
+        log.error("delivery.refused_by_database", error=refused.detail)
+        try:
+            kept = kept_as(refused)
+        except BodyError:
+            raise exc from None
+        return await append(event_of(kept, placeholder_payload(refused)))
 
 
 def placeholder_payload(error: BodyError) -> str:
