@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import signal
 import sys
 import time
@@ -50,9 +49,10 @@ def _secret_values(settings: Settings) -> list[str]:
 
 
 def configure_logging(settings: Settings) -> None:
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    logs.configure(fmt=settings.log_format, level=settings.log_level,
-                   secrets=_secret_values(settings))
+    secrets = _secret_values(settings)
+    # the libraries' own records at WARNING and above: their INFO is noise beside ours
+    logs.route_stdlib(fmt=settings.log_format, level="warning", secrets=secrets)
+    logs.configure(fmt=settings.log_format, level=settings.log_level, secrets=secrets)
 
 
 def _exit_on_signal(signum: int, _frame: object) -> None:

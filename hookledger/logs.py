@@ -2,7 +2,9 @@
 
 JSON lines when the output is not a terminal (the service under a supervisor), readable
 console lines on a terminal. A last-line-of-defence processor masks any configured secret
-that somehow reached a log line.
+that somehow reached a log line. Records from the standard library's ``logging`` (uvicorn,
+psycopg's pool, alembic, APScheduler) go through the same renderer and masker, so that a log
+shipper reads one format and no line escapes the masking.
 """
 
 from __future__ import annotations
@@ -44,12 +46,14 @@ def secret_masker(secrets: Iterable[str]) -> structlog.types.Processor:
     return mask
 
 
+def _renderer(fmt: str) -> structlog.types.Processor:
+    use_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
+    return structlog.processors.JSONRenderer() if use_json else structlog.dev.ConsoleRenderer()
+
+
 def configure(*, fmt: str = "auto", level: str = "info", secrets: Iterable[str] = (),
               cache: bool = True) -> None:
-    use_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
-    renderer: structlog.types.Processor = (
-        structlog.processors.JSONRenderer() if use_json else structlog.dev.ConsoleRenderer()
-    )
+    renderer = _renderer(fmt)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -64,3 +68,38 @@ def configure(*, fmt: str = "auto", level: str = "info", secrets: Iterable[str] 
         logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),  # type: ignore[arg-type]
         cache_logger_on_first_use=cache,
     )
+
+
+class _StdlibHandler(logging.StreamHandler):
+    """Marks the handler this module installed, so that configuring again replaces it."""
+
+
+def route_stdlib(*, fmt: str = "auto", level: str = "warning",
+                 secrets: Iterable[str] = ()) -> logging.Handler:
+    """Render the standard library's records as structlog renders its own, masked.
+
+    Before this, uvicorn's "Exception in ASGI application" traceback or a pool warning came
+    out as plain text among the JSON lines, and skipped the masker. Returns the installed
+    handler (the root logger's only one from this module).
+    """
+    formatter = structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[
+            structlog.stdlib.add_log_level,
+            structlog.stdlib.add_logger_name,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+        ],
+        processors=[
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            structlog.processors.format_exc_info,
+            secret_masker(secrets),
+            _renderer(fmt),
+        ],
+    )
+    handler = _StdlibHandler(_CurrentStderr())
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h, _StdlibHandler)]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(logging.getLevelNamesMapping()[level.upper()])
+    return handler

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 
 import httpx
@@ -47,3 +48,29 @@ def test_the_masker_hides_a_secret_that_reached_a_log_line() -> None:
     mask = logs.secret_masker([SECRET])
     event = mask(None, "info", {"event": "oops", "detail": f"header was {SECRET}!"})
     assert event["detail"] == f"header was {logs.MASK}!"
+
+
+def test_library_records_are_json_lines_and_masked_too(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """uvicorn's traceback of a failing request, say, goes through the same masker."""
+    root = logging.getLogger()
+    level = root.level
+    handler = again = logs.route_stdlib(fmt="json", level="warning", secrets=[SECRET])
+    try:
+        try:
+            raise RuntimeError(f"bad header {SECRET}")
+        except RuntimeError:
+            logging.getLogger("uvicorn.error").exception("Exception in %s", "ASGI application")
+        logging.getLogger("psycopg.pool").info("an info line, below the level")
+        again = logs.route_stdlib(fmt="json", level="warning", secrets=[SECRET])
+        assert [h for h in root.handlers if h in (handler, again)] == [again]  # replaced
+    finally:
+        root.removeHandler(handler)
+        root.removeHandler(again)
+        root.setLevel(level)
+    err = capsys.readouterr().err
+    assert SECRET not in err
+    (line,) = [json.loads(text) for text in err.splitlines()]
+    assert line["event"] == "Exception in ASGI application"
+    assert line["logger"] == "uvicorn.error" and line["level"] == "error"
+    assert f"RuntimeError: bad header {logs.MASK}" in line["exception"]
