@@ -7,6 +7,7 @@ commits. Either way a result is returned only for committed (or joined) work.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -34,7 +35,7 @@ def _sql(name: str) -> str:
 
 def _columns(events: Sequence[NewEvent]) -> dict[str, Any]:
     return {
-        "event_id": uuid_array(random_uuids(len(events))),
+        "event_id": uuid_array(time_ordered_uuids(len(events))),
         "stream": text_array([e.stream for e in events]),
         "event_type": text_array([e.event_type for e in events]),
         "source": text_array([e.source for e in events]),
@@ -50,18 +51,33 @@ def _columns(events: Sequence[NewEvent]) -> dict[str, Any]:
     }
 
 
-def random_uuids(count: int) -> list[bytes]:
-    """Version 4 UUIDs, as their bytes, from one read of the OS's random source.
+def time_ordered_uuids(count: int, *, now_ns: int | None = None) -> list[bytes]:
+    """Version 7 UUIDs (RFC 9562), as their bytes: the Unix time in milliseconds, then 74
+    random bits from one read of the OS's random source.
 
-    The column's default, ``gen_random_uuid()``, opens, reads and closes ``/dev/urandom``
-    for every row on a server built without OpenSSL (the embedded one): 5% of an append's
-    server time in a profile (perf), spent under the append lock.
+    Time first, so each new event id lands at the right-hand edge of the ledger's unique
+    index on ``event_id`` rather than on a random page of it. With random (version 4) ids
+    and 5,000,000 events in the ledger, every append dirtied a page of that 192 MB index
+    that was seldom in shared buffers, and after each checkpoint wrote it whole to the WAL:
+    6.8-7.0 KB of WAL per row against 2.8-3.0 KB, and about a third more server time per
+    row under the append lock. The ids stay unguessable (74 random bits); the time they
+    show is no more than ``recorded_at`` already does. They are not the ledger's order:
+    ``position`` is.
+
+    The column's default, ``gen_random_uuid()``, is not used for a second reason: on a
+    server built without OpenSSL (the embedded one) it opens, reads and closes
+    ``/dev/urandom`` for every row, 5% of an append's server time in a profile (perf).
     """
-    pool = bytearray(urandom(16 * count))
-    for start in range(0, 16 * count, 16):
-        pool[start + 6] = pool[start + 6] & 0x0F | 0x40  # version 4
-        pool[start + 8] = pool[start + 8] & 0x3F | 0x80  # variant: RFC 4122
-    return [bytes(pool[start:start + 16]) for start in range(0, 16 * count, 16)]
+    millis = (time.time_ns() if now_ns is None else now_ns) // 1_000_000
+    stamp = (millis & 0xFFFF_FFFF_FFFF).to_bytes(6, "big")
+    pool = urandom(10 * count)
+    ids: list[bytes] = []
+    for start in range(0, 10 * count, 10):
+        ids.append(stamp
+                   + bytes((0x70 | pool[start] & 0x0F, pool[start + 1],  # version 7, rand_a
+                            0x80 | pool[start + 2] & 0x3F))  # variant: RFC 9562
+                   + pool[start + 3:start + 10])  # the rest of rand_b
+    return ids
 
 
 def _stored_payload(event: NewEvent) -> str | None:

@@ -14,6 +14,7 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from ledger import LedgerError, LedgerStore, NewEvent
+from ledger.store import time_ordered_uuids
 
 pytestmark = pytest.mark.anyio
 
@@ -39,14 +40,43 @@ async def test_append_returns_positions_in_order_and_reads_them_back(
     assert await store.head() == positions[-1]
 
 
-async def test_event_ids_are_distinct_random_uuids_from_the_writer(
+async def test_event_ids_are_distinct_time_ordered_uuids_from_the_writer(
         pool: AsyncConnectionPool) -> None:
-    await LedgerStore(pool).append([event(f"id-{i}") for i in range(50)])
+    """Version 7: a later batch's ids sort after an earlier one's in the server's own uuid
+    order, so appends land at the right-hand edge of the unique index on event_id."""
+    store = LedgerStore(pool)
+    before = datetime.now(UTC)
+    await store.append([event(f"id-{i}") for i in range(50)])
+    await asyncio.sleep(0.005)  # the next batch is at least one millisecond later
+    await store.append([event(f"later-{i}") for i in range(50)])
+    after = datetime.now(UTC)
     async with pool.connection() as conn:
-        cur = await conn.execute("SELECT event_id FROM hookledger.ledger")
-        ids = [row[0] for row in await cur.fetchall()]
-    assert len(set(ids)) == 50
-    assert {(i.version, i.variant) for i in ids} == {(4, uuid.RFC_4122)}
+        cur = await conn.execute("SELECT event_id, dedupe_key FROM hookledger.ledger "
+                                 "ORDER BY event_id")
+        rows = await cur.fetchall()
+    ids = [row[0] for row in rows]
+    assert len(set(ids)) == 100
+    assert {(i.version, i.variant) for i in ids} == {(7, uuid.RFC_4122)}
+    assert [key.split("-")[0] for _, key in rows] == ["id"] * 50 + ["later"] * 50
+    for i in ids:  # the first 48 bits are the Unix time in milliseconds
+        stamp = datetime.fromtimestamp(int.from_bytes(i.bytes[:6], "big") / 1000, UTC)
+        assert before.replace(microsecond=before.microsecond // 1000 * 1000) <= stamp <= after
+
+
+def test_time_ordered_uuids_keep_74_random_bits() -> None:
+    now_ns = 1_780_000_000_123_456_789
+    ids = [uuid.UUID(bytes=b) for b in time_ordered_uuids(2_000, now_ns=now_ns)]
+    assert len(set(ids)) == 2_000
+    assert {(i.version, i.variant) for i in ids} == {(7, uuid.RFC_4122)}
+    assert {int.from_bytes(i.bytes[:6], "big") for i in ids} == {now_ns // 1_000_000}
+    # every bit outside the time, the version and the variant varies across the batch
+    rand_a, rand_b = (1 << 12) - 1 << 64, (1 << 62) - 1  # below the version, the variant
+    random_mask = rand_a | rand_b
+    assert random_mask.bit_count() == 74
+    varying = 0
+    for i in ids:
+        varying |= i.int ^ ids[0].int
+    assert varying == random_mask
 
 
 async def test_jsonb_payload_keeps_amounts_exact(pool: AsyncConnectionPool) -> None:
