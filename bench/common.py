@@ -111,6 +111,24 @@ def _fresh_database() -> Iterator[str]:
                 shutil.rmtree(home, ignore_errors=True)
 
 
+@contextmanager
+def sibling_database(url: str, suffix: str) -> Iterator[str]:
+    """A second migrated database on ``url``'s server, named after ``url``'s, dropped
+    again on the way out: two ledgers measured side by side share one server, so the
+    server's settings, cache and disk are not what differs between them."""
+    name = f"{urlsplit(url).path.lstrip('/')}_{suffix}"
+    admin = _with_db(url, "postgres")
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        sibling = _with_db(url, name)
+        migrate.upgrade(sibling)
+        yield sibling
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 def write_results(name: str, figures: dict[str, Any]) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
