@@ -65,7 +65,9 @@ def configure(*, fmt: str = "auto", level: str = "info", secrets: Iterable[str] 
         ],
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping()[level.upper()]),
-        logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),  # type: ignore[arg-type]
+        # one write per line (PrintLogger's print() writes the line, then its newline): a
+        # library's record from another thread cannot land between the two
+        logger_factory=structlog.WriteLoggerFactory(file=_CurrentStderr()),  # type: ignore[arg-type]
         cache_logger_on_first_use=cache,
     )
 

@@ -74,3 +74,42 @@ def test_library_records_are_json_lines_and_masked_too(
     assert line["event"] == "Exception in ASGI application"
     assert line["logger"] == "uvicorn.error" and line["level"] == "error"
     assert f"RuntimeError: bad header {logs.MASK}" in line["exception"]
+
+
+class _Writes:
+    """A stderr that keeps each write() call apart."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.calls.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
+def test_each_line_is_one_write_so_threads_cannot_split_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Our lines and the libraries' go to one stderr from several threads (the projector's
+    beside uvicorn's supervisor); a line written in two calls could take another thread's
+    line between its text and its newline."""
+    stderr = _Writes()
+    monkeypatch.setattr("sys.stderr", stderr)
+    logs.configure(fmt="json", level="info", secrets=[], cache=False)
+    root = logging.getLogger()
+    level = root.level
+    handler = logs.route_stdlib(fmt="json", level="warning")
+    try:
+        structlog.get_logger("t").info("ours", n=1)
+        logging.getLogger("uvicorn.error").warning("theirs")
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+        structlog.reset_defaults()
+    assert [json.loads(call)["event"] for call in stderr.calls] == ["ours", "theirs"]
+    assert all(call.endswith("\n") and call.count("\n") == 1 for call in stderr.calls)
