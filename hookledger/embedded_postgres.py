@@ -72,19 +72,56 @@ SHARED_BUFFERS_MIN_MB = 128
 SHARED_BUFFERS_MAX_MB = 2048
 
 
-def memory_bytes() -> int:
-    """The memory this process may use: the machine's, or its cgroup's limit if lower."""
+def memory_bytes(proc_self_cgroup: Path = Path("/proc/self/cgroup"),
+                 cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:
+    """The memory this process may use: the machine's, or the lowest memory limit of its
+    cgroup and the cgroups above it (a systemd unit's ``MemoryMax``, a container's limit)."""
     physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    for limit_file in ("/sys/fs/cgroup/memory.max",  # cgroup v2
-                       "/sys/fs/cgroup/memory/memory.limit_in_bytes"):  # cgroup v1
+    for limit_file in _cgroup_limit_files(proc_self_cgroup, cgroup_root):
         with contextlib.suppress(OSError, ValueError):  # "max", or no such file
-            physical = min(physical, int(Path(limit_file).read_text().strip()))
+            physical = min(physical, int(limit_file.read_text().strip()))
     return physical
+
+
+def _cgroup_limit_files(proc_self_cgroup: Path, cgroup_root: Path) -> Iterator[Path]:
+    """The memory limit files of this process's cgroup and of each one above it, in
+    cgroup v2 (``0::/path``) and v1 (``N:memory:/path``) alike."""
+    try:
+        lines = proc_self_cgroup.read_text().splitlines()
+    except OSError:
+        return
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if controllers == "":
+            base, name = cgroup_root, "memory.max"
+        elif "memory" in controllers.split(","):
+            base, name = cgroup_root / "memory", "memory.limit_in_bytes"
+        else:
+            continue
+        here = base / path.strip().lstrip("/")
+        for folder in (here, *here.parents):
+            if not folder.is_relative_to(base):
+                break
+            yield folder / name
 
 
 def shared_buffers_mb(memory: int) -> int:
     """An eighth of ``memory`` in MB, within [128 MB, 2 GB]."""
     return max(SHARED_BUFFERS_MIN_MB, min(SHARED_BUFFERS_MAX_MB, memory // 8 // 2**20))
+
+
+def _altered_settings(auto_conf: Path) -> set[str]:
+    """The names ``ALTER SYSTEM`` has set in a cluster's ``postgresql.auto.conf``."""
+    try:
+        lines = auto_conf.read_text().splitlines()
+    except OSError:
+        return set()
+    names = (line.split("=", 1)[0].strip().lower() for line in lines
+             if "=" in line and not line.lstrip().startswith("#"))
+    return {name for name in names if name}
 
 
 class EmbeddedPostgresError(RuntimeError):
@@ -341,11 +378,15 @@ class EmbeddedPostgres:
         os.chown(path, entry.pw_uid, entry.pw_gid)
 
     def settings(self) -> dict[str, str]:
-        """The settings the server starts with: :data:`SERVER_DEFAULTS` its version has,
-        then the caller's ``server_settings``. Read after ``initdb``."""
+        """The settings the server starts with: :data:`SERVER_DEFAULTS` its version has and
+        ``shared_buffers``, less those set by ``ALTER SYSTEM``, then the caller's
+        ``server_settings``. Read after ``initdb``."""
         version = int((self.data_dir / "PG_VERSION").read_text().split(".")[0])
         defaults = {key: value for since, key, value in SERVER_DEFAULTS if version >= since}
         defaults["shared_buffers"] = f"{shared_buffers_mb(memory_bytes())}MB"
+        # a setting given by ALTER SYSTEM is the operator's: a -c option would override it
+        chosen = _altered_settings(self.data_dir / "postgresql.auto.conf")
+        defaults = {key: value for key, value in defaults.items() if key not in chosen}
         return {**defaults, **self._server_settings}
 
     def _initdb(self, binaries: PostgresBinaries) -> None:
