@@ -96,7 +96,7 @@ def table(results: dict[str, Any]) -> list[Row]:
             scaled = ingest["scaled_vs_empty"]
             pairs = ingest.get("scaled_rounds", [])
             each = f" (median of {', '.join(f'{x}x' for x in pairs)})" if len(pairs) > 1 else ""
-            rows.append(("ingest: large ledger / this run's ledger", f"{scaled}x{each}",
+            rows.append(("ingest: large ledger / empty ledger", f"{scaled}x{each}",
                          ">= 0.9x", verdict(scaled >= 0.9)))
         for name, (found, acked) in ingest.get("checks", {}).items():
             rows.append((f"check {name}", f"{found:,} stored / {acked:,} acknowledged",

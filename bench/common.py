@@ -115,17 +115,18 @@ def _fresh_database() -> Iterator[str]:
 def sibling_database(url: str, suffix: str) -> Iterator[str]:
     """A second migrated database on ``url``'s server, named after ``url``'s, dropped
     again on the way out: two ledgers measured side by side share one server, so the
-    server's settings, cache and disk are not what differs between them."""
+    server's settings, cache and disk are not what differs between them. Made and dropped
+    from a connection to ``url`` itself, which the benchmark can reach whatever else it
+    cannot."""
     name = f"{urlsplit(url).path.lstrip('/')}_{suffix}"
-    admin = _with_db(url, "postgres")
-    with psycopg.connect(admin, autocommit=True) as conn:
+    with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     try:
         sibling = _with_db(url, name)
         migrate.upgrade(sibling)
         yield sibling
     finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
+        with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 

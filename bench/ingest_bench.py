@@ -16,9 +16,8 @@
 2. **latency at a fixed rate**: both at a steady 1,000 req/s (open loop, from this process).
 3. **scaling**: a second database on the same server is filled to ``--scale-events`` events
    (server side, through the ledger's own trigger, with dedupe keys spread as real ones
-   are), and hookledger is measured on it and on this run's own ledger in
-   ``--scale-rounds`` pairs (2), alternating; the figure is the median of the pairs'
-   ratios.
+   are), and hookledger is measured on it and on a third, empty one in ``--scale-rounds``
+   pairs (2), alternating; the figure is the median of the pairs' ratios.
 4. **memory**: hookledger's resident memory, sampled during the loads, and before and
    after a soak at a steady rate (``--soak-seconds``, 10 minutes by default).
 5. **start-up**: ``hookledger serve`` on a fresh home, embedded database included, until
@@ -360,7 +359,9 @@ def fill_ledger(url: str, target: int) -> float:
     page of it, as in a real ledger. (An earlier fill appended a counter to one key: its
     5,000,000 keys sat together in one corner of the index, and the measured run never
     touched them.) md5 twice makes the 64 digits; the server's md5 is cheaper than its
-    sha256, and only the spread matters here."""
+    sha256, and only the spread matters here. Event ids come from the column's default,
+    random ones, as in a ledger written before ids were time-ordered: the new ids the
+    measured run writes then gather in the middle of that index, not at its edge."""
     started = time.perf_counter()
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute("SELECT count(*) FROM hookledger_private.ledger_events").fetchone()
@@ -542,12 +543,12 @@ def measure(seconds: float, connections: int, scale_events: int, fixed_rate: int
                 checks["ledger_vs_2xx_soak"] = [ledger_count(url, "HS"), soaked.ok]
 
         if scale_events:
-            # A second database on the same server holds the large ledger; the run's own
-            # (its earlier rounds' events, under a million) is the small one. Measured in
-            # pairs, alternating, as the bare endpoint's ratio is: the machine drifts by
-            # the minute, and one large run against empty rounds half an hour older read
-            # the drift as much as the ledger.
-            with sibling_database(url, "large") as large_url:
+            # Two more databases on the same server: one empty, one holding the large
+            # ledger. Measured in pairs, alternating, as the bare endpoint's ratio is: the
+            # machine drifts by the minute, and one large run against empty rounds half
+            # an hour older read the drift as much as the ledger.
+            with sibling_database(url, "empty") as empty_url, \
+                    sibling_database(url, "large") as large_url:
                 port = free_port()
                 with tempfile.TemporaryDirectory(prefix="hookledger-home-") as home, \
                         hookledger(large_url, port, Path(home), service):
@@ -556,15 +557,14 @@ def measure(seconds: float, connections: int, scale_events: int, fixed_rate: int
                       flush=True)
                 fill_s = fill_ledger(large_url, scale_events)
                 print(f"  filled in {fill_s:.0f} s", flush=True)
-                small_label = (f"hookledger ({workers} workers, this run's ledger: "
-                               f"{event_count(url):,} events)")
+                small_label = f"hookledger ({workers} workers, empty ledger, paired)"
                 large_label = f"hookledger ({workers} workers, {scale_events:,} events in " \
                               "the ledger)"
                 small_runs: list[Load] = []
                 large_runs: list[Load] = []
                 for r in range(scale_rounds):
                     for target, tag, label, runs in (
-                            (url, f"SE{r}", small_label, small_runs),
+                            (empty_url, f"SE{r}", small_label, small_runs),
                             (large_url, f"SM{r}", large_label, large_runs)):
                         port = free_port()
                         with tempfile.TemporaryDirectory(prefix="hookledger-home-") as home, \
@@ -573,7 +573,7 @@ def measure(seconds: float, connections: int, scale_events: int, fixed_rate: int
                             runs.append(load(label, port, tag, per_run))
                             checks[f"ledger_vs_2xx_{tag}"] = [ledger_count(target, tag),
                                                               runs[-1].ok]
-                    print(f"  scaling pair {r + 1}/{scale_rounds}: this run's ledger "
+                    print(f"  scaling pair {r + 1}/{scale_rounds}: empty ledger "
                           f"{small_runs[-1].rate:,.0f} req/s, large ledger "
                           f"{large_runs[-1].rate:,.0f} req/s", flush=True)
                 of_pairs = f", {scale_rounds} rounds" if scale_rounds > 1 else ""
@@ -663,7 +663,7 @@ def print_table(figures: dict[str, Any]) -> None:
         print(f"  each round's ratio as {parts_described(figures['ratio_parts'])}")
     if "scaled_vs_empty" in figures:
         pairs = ", ".join(f"{x}x" for x in figures.get("scaled_rounds", []))
-        print(f"with a large ledger / this run's: {figures['scaled_vs_empty']}x "
+        print(f"with a large ledger / empty: {figures['scaled_vs_empty']}x "
               f"(pairs: {pairs})")
     for name, (found, acked) in figures["checks"].items():
         # wrk stops mid-flight: a request stored but not yet answered is stored and not
@@ -693,7 +693,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3,
                         help="saturating runs of each contender, alternating (median kept)")
     parser.add_argument("--scale-rounds", type=int, default=2,
-                        help="pairs of runs on this run's ledger and the large one, "
+                        help="pairs of runs on an empty ledger and the large one, "
                              "alternating (the median of the pairs' ratios is kept)")
     args = parser.parse_args()
     if args.rounds < 1 or args.scale_rounds < 1:

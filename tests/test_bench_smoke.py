@@ -49,8 +49,8 @@ def test_every_benchmark_runs_at_smoke_size_and_counts_what_it_acknowledged(
     for name, (stored, acknowledged) in ingest["checks"].items():
         assert acknowledged > 0 and stored >= acknowledged, name
     assert ingest["ready_seconds"] > 0 and ingest["memory"]["peak_rss_mib"] > 0
-    # the scaling pair: this run's ledger, then a second database filled past it
-    scaling = [load for load in ingest["loads"] if "this run's ledger" in load["label"]
+    # the scaling pair: an empty ledger, then a second database filled to 20,000 events
+    scaling = [load for load in ingest["loads"] if "empty ledger, paired" in load["label"]
                or "20,000 events in the ledger" in load["label"]]
     assert len(scaling) == 2
     assert {"ledger_vs_2xx_SE0", "ledger_vs_2xx_SM0"} <= ingest["checks"].keys()
