@@ -391,12 +391,6 @@ def fill_ledger(url: str, target: int) -> float:
     return time.perf_counter() - started
 
 
-def event_count(url: str) -> int:
-    with psycopg.connect(url) as conn:
-        row = conn.execute("SELECT count(*) FROM hookledger_private.ledger_events").fetchone()
-    return int(row[0]) if row else 0
-
-
 def ready_seconds() -> float:
     """From starting ``serve`` on a fresh home (embedded database) to ``/readyz`` = 200."""
     port = free_port()

@@ -23,6 +23,7 @@ import structlog
 
 from ingest.errors import BodyError
 from ingest.json_body import check_text
+from ledger.errors import LedgerError, LedgerUnavailable
 from ledger.jsonenc import dumps
 
 log = structlog.get_logger("hookledger.ingest")
@@ -79,8 +80,6 @@ async def append_keeping_refused(
         delivery: Any, text: str, kept_as: Callable[[BodyError], Any]) -> Any:
     """Append ``event_of(delivery, text)``; should the database refuse that one event (not
     be away), keep the signed bytes as unstorable (``kept_as``) rather than answer 503."""
-    from ledger import LedgerError, LedgerUnavailable
-
     try:
         return await append(event_of(delivery, text))
     except LedgerUnavailable:

@@ -59,7 +59,7 @@ def time_ordered_uuids(count: int, *, now_ns: int | None = None) -> list[bytes]:
     index on ``event_id`` rather than on a random page of it. With random (version 4) ids
     and 5,000,000 events in the ledger, every append dirtied a page of that 192 MB index
     that was seldom in shared buffers, and after each checkpoint wrote it whole to the WAL:
-    6.8-7.0 KB of WAL per row against 2.8-3.0 KB, and about a third more server time per
+    6.8-7.0 KB of WAL per row against 2.8-3.2 KB, and about a quarter more server time per
     row under the append lock. The ids stay unguessable (74 random bits); the time they
     show is no more than ``recorded_at`` already does. They are not the ledger's order:
     ``position`` is.
