@@ -9,7 +9,6 @@ already kept is answered 200 with ``"duplicate": true`` so the provider stops re
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 
@@ -18,13 +17,13 @@ from psycopg_pool import AsyncConnectionPool
 from starlette.responses import JSONResponse, Response
 
 from ingest import chat_signature, responses
+from ingest.accepting import Envelope, append_and_answer
 from ingest.appender import BatchingAppender
 from ingest.body import BODY_TIMEOUT_S, read_limited
 from ingest.chat_body import (
     MALFORMED_EVENT_TYPE,
     PLATFORM_ERROR_CAUSES,
     SOURCE,
-    ChatDelivery,
     DeliveryMeta,
     attempt_of,
     delivery_id_of,
@@ -40,8 +39,8 @@ from ingest.incoming import DeliveryRequest
 from ingest.json_body import parse_object
 from ingest.metrics import IngestMetrics
 from ingest.rejections import Refusal, RejectionLog
-from ingest.unstorable import append_keeping_refused, is_unstorable, placeholder_payload
-from ledger import LedgerError, NewEvent
+from ingest.unstorable import is_unstorable, placeholder_payload
+from ledger import LedgerError
 
 SYSTEM = SOURCE
 SIGNATURE_HEADER = "x-service-signature"
@@ -144,42 +143,11 @@ class ChatEndpoint:
             message_id=delivery.facts.get("message_id"), event_type=delivery.event_type,
             verified_by=label)
 
-        def as_event(delivery: ChatDelivery, text: str) -> NewEvent:
-            return NewEvent(
-                stream=delivery.stream,
-                event_type=delivery.event_type,
-                source=SOURCE,
-                dedupe_key=delivery.dedupe_key,
-                payload_json=text,
-                received_at=received_at,
-                facts=delivery.facts,
-                occurred_at=delivery.occurred_at,
-                raw_body=body,
-                headers=headers,
-                endpoint=endpoint,
-                verified_by=label,
-            )
-
-        started = time.perf_counter()
-        try:
-            result = await append_keeping_refused(
-                self._appender.append, as_event, delivery, text,
-                lambda refused: unstorable_chat(body, meta, refused))
-        except LedgerError as exc:
-            log.error("delivery.unavailable", error=str(exc))
-            return responses.unavailable()
-        self._metrics.append_seconds.observe(time.perf_counter() - started)
-        if result.spooled:
-            self._outcomes.spooled.inc()
-            log.warning("delivery.spooled", reason="ledger unavailable; durable on local disk")
-        elif result.duplicate:
-            self._outcomes.duplicates.inc()
-            log.info("delivery.duplicate", position=result.position)
-        else:
-            self._outcomes.accepted.inc()
-            log.info("delivery.accepted", position=result.position,
-                     recognised=delivery.facts["recognised"])
-        return responses.accepted(result)
+        envelope = Envelope(SOURCE, received_at, body, headers, endpoint, label)
+        return await append_and_answer(
+            self._appender.append, envelope, delivery, text,
+            lambda refused: unstorable_chat(body, meta, refused),
+            metrics=self._metrics, outcomes=self._outcomes)
 
     async def _refuse(self, refusal: Refusal) -> JSONResponse:
         self._metrics.refused.labels(SYSTEM, refusal.reason).inc()

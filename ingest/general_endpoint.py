@@ -7,7 +7,6 @@ retries, so a 200 for something not durable would lose it for good).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
@@ -17,12 +16,12 @@ from psycopg_pool import AsyncConnectionPool
 from starlette.responses import JSONResponse, Response
 
 from ingest import general_signature, responses
+from ingest.accepting import Envelope, append_and_answer
 from ingest.appender import BatchingAppender
 from ingest.body import BODY_TIMEOUT_S, read_limited
 from ingest.errors import BodyError, BodyTooLarge, BodyTooSlow
 from ingest.general_body import (
     MALFORMED_EVENT_TYPE,
-    GeneralDelivery,
     read_general_or_malformed,
     unstorable_general,
 )
@@ -31,8 +30,7 @@ from ingest.incoming import DeliveryRequest
 from ingest.json_body import parse_object
 from ingest.metrics import IngestMetrics
 from ingest.rejections import Refusal, RejectionLog
-from ingest.unstorable import append_keeping_refused, is_unstorable, placeholder_payload
-from ledger import LedgerError, NewEvent
+from ingest.unstorable import is_unstorable, placeholder_payload
 
 SYSTEM = "general"
 SIGNATURE_HEADER = "x-service-signature"
@@ -111,42 +109,11 @@ class GeneralEndpoint:
             reference=delivery.facts.get("reference"),
             delivery_event=delivery.facts.get("event"))
 
-        def as_event(delivery: GeneralDelivery, text: str) -> NewEvent:
-            return NewEvent(
-                stream=delivery.stream,
-                event_type=delivery.event_type,
-                source=SYSTEM,
-                dedupe_key=delivery.dedupe_key,
-                payload_json=text,
-                received_at=received_at,
-                facts=delivery.facts,
-                occurred_at=delivery.occurred_at,
-                raw_body=body,
-                headers=headers,
-                endpoint=endpoint,
-                verified_by=name,
-            )
-
-        started = time.perf_counter()
-        try:
-            result = await append_keeping_refused(
-                self._appender.append, as_event, delivery, text,
-                lambda refused: unstorable_general(body, refused))
-        except LedgerError as exc:
-            log.error("delivery.unavailable", error=str(exc))
-            return responses.unavailable()
-        self._metrics.append_seconds.observe(time.perf_counter() - started)
-        if result.spooled:
-            self._outcomes.spooled.inc()
-            log.warning("delivery.spooled", reason="ledger unavailable; durable on local disk")
-        elif result.duplicate:
-            self._outcomes.duplicates.inc()
-            log.info("delivery.duplicate", position=result.position)
-        else:
-            self._outcomes.accepted.inc()
-            log.info("delivery.accepted", position=result.position,
-                     recognised=delivery.facts["recognised"])
-        return responses.accepted(result)
+        envelope = Envelope(SYSTEM, received_at, body, headers, endpoint, name)
+        return await append_and_answer(
+            self._appender.append, envelope, delivery, text,
+            lambda refused: unstorable_general(body, refused),
+            metrics=self._metrics, outcomes=self._outcomes)
 
     async def _refuse(self, refusal: Refusal) -> JSONResponse:
         self._metrics.refused.labels(SYSTEM, refusal.reason).inc()

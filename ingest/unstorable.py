@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import structlog
 
@@ -25,6 +26,7 @@ from ingest.errors import BodyError
 from ingest.json_body import check_text
 from ledger.errors import LedgerError, LedgerUnavailable
 from ledger.jsonenc import dumps
+from ledger.records import AppendResult, NewEvent
 
 log = structlog.get_logger("hookledger.ingest")
 
@@ -75,9 +77,29 @@ def refused_by_database(error: Exception) -> BodyError:
     return BodyError("refused_by_database", str(error)[:200])
 
 
+class Reading(Protocol):
+    """A verified delivery as either system reads it (``GeneralDelivery``,
+    ``ChatDelivery``): what its ledger event takes from the body."""
+
+    @property
+    def event_type(self) -> str: ...
+    @property
+    def stream(self) -> str: ...
+    @property
+    def dedupe_key(self) -> str: ...
+    @property
+    def occurred_at(self) -> datetime | None: ...
+    @property
+    def facts(self) -> Mapping[str, Any]: ...
+
+
+DeliveryT = TypeVar("DeliveryT", bound=Reading)
+
+
 async def append_keeping_refused(
-        append: Callable[[Any], Awaitable[Any]], event_of: Callable[[Any, str], Any],
-        delivery: Any, text: str, kept_as: Callable[[BodyError], Any]) -> Any:
+        append: Callable[[NewEvent], Awaitable[AppendResult]],
+        event_of: Callable[[DeliveryT, str], NewEvent], delivery: DeliveryT, text: str,
+        kept_as: Callable[[BodyError], DeliveryT]) -> AppendResult:
     """Append ``event_of(delivery, text)``; should the database refuse that one event (not
     be away), keep the signed bytes as unstorable (``kept_as``) rather than answer 503."""
     try:
