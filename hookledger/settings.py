@@ -150,13 +150,13 @@ class Settings(BaseSettings):
     def _chat(cls, value: Any) -> dict[str, SecretStr]:
         # the store's own rules, checked here: a worker refusing them at start-up instead
         # stopped serve with a traceback that named no variable
-        from ingest.chat_secrets import MAX_SECRET, valid_phone_number_id
+        from ingest.chat_secrets import MAX_PHONE_NUMBER_ID, MAX_SECRET, valid_phone_number_id
 
         secrets = parse_named_secrets(value)
         for number, secret in secrets.items():
             if not valid_phone_number_id(number):
                 raise ValueError(f"phone number id {number[:80]!r} is not a valid id "
-                                 f"(1-64 letters, digits, '-' or '_')")
+                                 f"(1-{MAX_PHONE_NUMBER_ID} letters, digits, '-' or '_')")
             if len(secret.get_secret_value()) > MAX_SECRET or \
                     "\x00" in secret.get_secret_value():
                 raise ValueError(f"the secret for {number} must be 1-{MAX_SECRET} characters, "
