@@ -28,6 +28,7 @@ import json
 import os
 import struct
 import threading
+import time
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ MAGIC = b"HLS1"
 HEADER = struct.Struct(">4sII")
 MAX_RECORD = 64 * 1024 * 1024
 QUARANTINE = "quarantine.hls"  # events the ledger refused while draining; never drained
+UNNAMED_STALE_S = 60.0  # a hidden, not yet named file this old was left by a crash
 
 
 def encode_event(event: NewEvent) -> bytes:
@@ -217,6 +219,7 @@ class Spool:
 
     def drainable(self) -> Iterator[tuple[Path, BinaryIO]]:
         """Spool files no live process is writing, oldest first, each locked while yielded."""
+        self._sweep_unnamed()
         for path in sorted(self.folder.glob("spool-*.hls"), key=_age):
             if path == self._path:
                 continue
@@ -233,6 +236,21 @@ class Spool:
                     yield path, handle
             finally:
                 handle.close()
+
+    def _sweep_unnamed(self) -> None:
+        """Remove hidden names a crash left between creating a file and naming it.
+
+        Nothing is written to a file before its rename, so such a name holds no record. A
+        live writer holds its hidden name for a moment only; one older than
+        :data:`UNNAMED_STALE_S` is a dead process's.
+        """
+        cutoff = time.time() - UNNAMED_STALE_S
+        for hidden in self.folder.glob(".spool-*.hls.new"):
+            try:
+                if hidden.stat().st_mtime < cutoff and hidden.stat().st_size == 0:
+                    hidden.unlink()
+            except FileNotFoundError:
+                continue
 
     def depth(self) -> int:
         """Bytes waiting in spool files (this process's and any other's)."""

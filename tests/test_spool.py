@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import threading
 import time
 from datetime import UTC, datetime
@@ -84,6 +85,21 @@ def test_a_spool_file_survives_its_process_and_is_drainable_by_another(tmp_path:
     [(path, handle)] = [(p, h.read()) for p, h in other.drainable()]
     assert read_records(handle)[0] == [event(1), event(2)]
     assert other.depth() == path.stat().st_size > 0
+
+
+def test_an_empty_unnamed_file_a_crash_left_is_swept_and_a_live_writers_is_not(
+        tmp_path: Path) -> None:
+    """A crash between creating a spool file under its hidden name and renaming it left
+    an empty ``.spool-*.hls.new`` behind for good. The drainer's pass now removes one
+    older than a minute; a fresh one may be a live writer's, about to be named."""
+    old = tmp_path / ".spool-1-0badc0de-000001.hls.new"
+    fresh = tmp_path / ".spool-2-0badc0de-000001.hls.new"
+    old.touch()
+    fresh.touch()
+    long_ago = time.time() - 120
+    os.utime(old, (long_ago, long_ago))
+    assert list(Spool(tmp_path).drainable()) == []
+    assert not old.exists() and fresh.exists()
 
 
 def test_a_restart_with_its_predecessors_process_id_never_writes_into_its_files(
