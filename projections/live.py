@@ -156,6 +156,7 @@ class ProjectorThread:
         self.projector = projector
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ready = threading.Event()
+        self._stopping = threading.Event()  # asked to stop, perhaps before the loop existed
         self._thread = threading.Thread(target=self._main, name="hookledger-projector",
                                         daemon=True)
 
@@ -164,17 +165,29 @@ class ProjectorThread:
         self._ready.wait(timeout=10)
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Stop at a batch boundary (the batch in flight commits) and wait for it."""
+        """Stop at a batch boundary (the batch in flight commits) and wait for it.
+
+        A stop that comes while the thread is still starting (SIGTERM during ``start``)
+        finds no loop to call into yet; the flag makes the thread stop as soon as its loop
+        is there, rather than project on while this waits out ``timeout``.
+        """
+        self._stopping.set()
         if self._thread.ident is None:
             return  # never started (serve was stopped while it started)
-        if self._loop is not None and self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self.projector.stop)
+        loop = self._loop
+        if loop is not None and self._thread.is_alive():
+            loop.call_soon_threadsafe(self.projector.stop)
         self._thread.join(timeout)
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
 
     def _main(self) -> None:
         async def run() -> None:
             self._loop = asyncio.get_running_loop()
             self._ready.set()
+            if self._stopping.is_set():  # asked before the loop was there to be called
+                self.projector.stop()
             await self.projector.run()
 
         try:

@@ -20,7 +20,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from ledger import LedgerStore, NewEvent
 from ledger.schema import PRIVATE_SCHEMA
-from projections.live import LOCK_WAIT_S, LiveProjector, leader_query
+from projections.live import LOCK_WAIT_S, LiveProjector, ProjectorThread, leader_query
 from projections.projector import (
     PROJECTIONS_BY_TABLE,
     connect,
@@ -315,6 +315,23 @@ async def waiting_for_a_lock(url: str, projector: LiveProjector) -> None:
                 return
             assert time.monotonic() < deadline, "the projector never waited for the lock"
             await asyncio.sleep(0.01)
+
+
+def test_a_stop_asked_before_the_projector_threads_loop_exists_is_not_lost(
+        db_url: str) -> None:
+    """SIGTERM while ``serve`` starts its projector thread: ``stop`` found no loop to call
+    into yet, so the thread projected on and the stop waited out its whole timeout (30 s).
+    Asked before the loop exists (here: before the thread starts), the stop now ends the
+    thread as soon as its loop is there, having folded nothing."""
+    asyncio.run(append_all(db_url, mixed_events(5, seed=12)))
+    thread = ProjectorThread(LiveProjector(db_url, poll_s=0.05))
+    thread.stop(timeout=0)
+    thread.start()
+    deadline = time.monotonic() + 5
+    while thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not thread.is_alive(), "the projector thread went on after the stop"
+    assert applied_counts(db_url) == 0 and thread.projector.applied == 0
 
 
 async def holds_leadership(url: str, projector: LiveProjector) -> bool:
