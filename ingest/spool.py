@@ -247,7 +247,8 @@ class Spool:
         cutoff = time.time() - UNNAMED_STALE_S
         for hidden in self.folder.glob(".spool-*.hls.new"):
             try:
-                if hidden.stat().st_mtime < cutoff and hidden.stat().st_size == 0:
+                found = hidden.stat()
+                if found.st_mtime < cutoff and found.st_size == 0:
                     hidden.unlink()
             except FileNotFoundError:
                 continue
