@@ -133,6 +133,7 @@ class Spool:
         self._path: Path | None = None
         self._lock = threading.Lock()  # writes run in a worker thread, seals on the loop
         self._written: dict[Path, int] = {}  # our files not yet drained -> their records
+        self._sweep_unnamed()  # what a crash of an earlier start left
 
     @property
     def prefix(self) -> str:
@@ -240,17 +241,22 @@ class Spool:
     def _sweep_unnamed(self) -> None:
         """Remove hidden names a crash left between creating a file and naming it.
 
-        Nothing is written to a file before its rename, so such a name holds no record. A
-        live writer holds its hidden name for a moment only; one older than
-        :data:`UNNAMED_STALE_S` is a dead process's.
+        Nothing is written to a file before its rename, so such a name holds no record.
+        One is removed only when it is empty, older than :data:`UNNAMED_STALE_S`, and its
+        lock is free: a live writer locks its file right after creating it and keeps the
+        lock, a dead one's went with it. Never raises: a name that cannot be removed must
+        not hold back the drain.
         """
         cutoff = time.time() - UNNAMED_STALE_S
         for hidden in self.folder.glob(".spool-*.hls.new"):
             try:
-                found = hidden.stat()
-                if found.st_mtime < cutoff and found.st_size == 0:
+                with open(hidden, "rb") as handle:
+                    found = os.fstat(handle.fileno())
+                    if found.st_mtime >= cutoff or found.st_size != 0:
+                        continue
+                    fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
                     hidden.unlink()
-            except FileNotFoundError:
+            except OSError:  # gone meanwhile, locked by its writer, or not ours to remove
                 continue
 
     def depth(self) -> int:

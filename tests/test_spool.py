@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import fcntl
 import os
 import threading
 import time
@@ -87,19 +88,27 @@ def test_a_spool_file_survives_its_process_and_is_drainable_by_another(tmp_path:
     assert other.depth() == path.stat().st_size > 0
 
 
-def test_an_empty_unnamed_file_a_crash_left_is_swept_and_a_live_writers_is_not(
-        tmp_path: Path) -> None:
+def test_an_empty_unnamed_file_a_crash_left_is_swept_and_no_other_is(tmp_path: Path) -> None:
     """A crash between creating a spool file under its hidden name and renaming it left
-    an empty ``.spool-*.hls.new`` behind for good. The drainer's pass now removes one
-    older than a minute; a fresh one may be a live writer's, about to be named."""
-    old = tmp_path / ".spool-1-0badc0de-000001.hls.new"
-    fresh = tmp_path / ".spool-2-0badc0de-000001.hls.new"
-    old.touch()
-    fresh.touch()
+    an empty ``.spool-*.hls.new`` behind for good. A spool's start and each drain pass now
+    remove one that is empty, over a minute old and unlocked; a fresh one, a locked one (a
+    live writer's) and one holding bytes stay."""
+    names = ("dead", "fresh", "locked", "written")
+    hidden = {name: tmp_path / f".spool-{name}-0badc0de-000001.hls.new" for name in names}
+    for path in hidden.values():
+        path.touch()
+    hidden["written"].write_bytes(b"HLS1")
     long_ago = time.time() - 120
-    os.utime(old, (long_ago, long_ago))
-    assert list(Spool(tmp_path).drainable()) == []
-    assert not old.exists() and fresh.exists()
+    for name in ("dead", "locked", "written"):
+        os.utime(hidden[name], (long_ago, long_ago))
+    with open(hidden["locked"], "rb") as writer:
+        fcntl.flock(writer.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        spool = Spool(tmp_path)
+        assert [name for name in names if hidden[name].exists()] == ["fresh", "locked", "written"]
+        assert list(spool.drainable()) == []
+        assert hidden["locked"].exists()
+    assert list(spool.drainable()) == []  # its writer gone, the lock went with it
+    assert [name for name in names if hidden[name].exists()] == ["fresh", "written"]
 
 
 def test_a_restart_with_its_predecessors_process_id_never_writes_into_its_files(
