@@ -176,7 +176,9 @@ class ProjectorThread:
             return  # never started (serve was stopped while it started)
         loop = self._loop
         if loop is not None and self._thread.is_alive():
-            loop.call_soon_threadsafe(self.projector.stop)
+            # the thread may have seen the flag and closed its loop since is_alive()
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self.projector.stop)
         self._thread.join(timeout)
 
     def is_alive(self) -> bool:

@@ -327,11 +327,14 @@ def test_a_stop_asked_before_the_projector_threads_loop_exists_is_not_lost(
     thread = ProjectorThread(LiveProjector(db_url, poll_s=0.05))
     thread.stop(timeout=0)
     thread.start()
-    deadline = time.monotonic() + 5
-    while thread.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert not thread.is_alive(), "the projector thread went on after the stop"
-    assert applied_counts(db_url) == 0 and thread.projector.applied == 0
+    try:
+        deadline = time.monotonic() + 5
+        while thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not thread.is_alive(), "the projector thread went on after the stop"
+        assert applied_counts(db_url) == 0 and thread.projector.applied == 0
+    finally:
+        thread.stop(timeout=10)  # a failing run must not leave it holding the database
 
 
 async def holds_leadership(url: str, projector: LiveProjector) -> bool:
