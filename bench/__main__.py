@@ -66,6 +66,11 @@ def load_goal(label: str, p99_ms: float) -> tuple[str, str]:
     return "", ""
 
 
+def _median_of(ratios: list[float]) -> str:
+    """`` (median of 1.2x, 0.9x)`` after a ratio taken over several rounds, else nothing."""
+    return f" (median of {', '.join(f'{x}x' for x in ratios)})" if len(ratios) > 1 else ""
+
+
 def table(results: dict[str, Any]) -> list[Row]:
     """(figure, measured, goal, verdict) rows from whatever the benchmarks wrote."""
     rows: list[Row] = []
@@ -85,18 +90,16 @@ def table(results: dict[str, Any]) -> list[Row]:
                          machine_described(load["machine"], load.get("rounds")), "", ""))
     if ingest:
         ratio = ingest["ratio_vs_bare"]
-        rounds = ingest.get("ratio_rounds", [])
-        each = f" (median of {', '.join(f'{x}x' for x in rounds)})" if len(rounds) > 1 else ""
-        rows.append(("ingest: hookledger / bare endpoint", f"{ratio}x{each}", ">= 1.5x",
+        rows.append(("ingest: hookledger / bare endpoint",
+                     f"{ratio}x{_median_of(ingest.get('ratio_rounds', []))}", ">= 1.5x",
                      verdict(ratio >= 1.5)))
         if ingest.get("ratio_parts"):
             rows.append(("  each round's ratio as", parts_described(ingest["ratio_parts"]),
                          "", ""))
         if "scaled_vs_empty" in ingest:
             scaled = ingest["scaled_vs_empty"]
-            pairs = ingest.get("scaled_rounds", [])
-            each = f" (median of {', '.join(f'{x}x' for x in pairs)})" if len(pairs) > 1 else ""
-            rows.append(("ingest: large ledger / empty ledger", f"{scaled}x{each}",
+            rows.append(("ingest: large ledger / empty ledger",
+                         f"{scaled}x{_median_of(ingest.get('scaled_rounds', []))}",
                          ">= 0.9x", verdict(scaled >= 0.9)))
         for name, (found, acked) in ingest.get("checks", {}).items():
             rows.append((f"check {name}", f"{found:,} stored / {acked:,} acknowledged",

@@ -83,8 +83,6 @@ def _fresh_database() -> Iterator[str]:
     configured = os.environ.get("HOOKLEDGER_BENCH_DATABASE_URL")
     server: EmbeddedPostgres | None = None
     home = None
-    name = f"hookledger_bench_{uuid.uuid4().hex[:8]}"
-    created = False
     try:
         if configured:
             admin = configured
@@ -93,22 +91,13 @@ def _fresh_database() -> Iterator[str]:
             os.chmod(home, 0o755)
             server = EmbeddedPostgres(Path(home))
             admin = _with_db(server.start(), "postgres")
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
-        created = True
-        url = _with_db(admin, name)
-        migrate.upgrade(url)
-        yield url
-    finally:
-        try:
-            if created:
-                with psycopg.connect(admin, autocommit=True) as conn:
-                    conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:  # a server that will not drop the database is still stopped and removed
-            if server is not None:
-                server.stop()
-            if home is not None:  # the cluster is the bench's own: a 5M-event run leaves GBs
-                shutil.rmtree(home, ignore_errors=True)
+        with _migrated_database(admin, f"hookledger_bench_{uuid.uuid4().hex[:8]}") as url:
+            yield url
+    finally:  # a server that will not drop the database is still stopped and removed
+        if server is not None:
+            server.stop()
+        if home is not None:  # the cluster is the bench's own: a 5M-event run leaves GBs
+            shutil.rmtree(home, ignore_errors=True)
 
 
 @contextmanager
@@ -118,15 +107,22 @@ def sibling_database(url: str, suffix: str) -> Iterator[str]:
     server's settings, cache and disk are not what differs between them. Made and dropped
     from a connection to ``url`` itself, which the benchmark can reach whatever else it
     cannot."""
-    name = f"{urlsplit(url).path.lstrip('/')}_{suffix}"
-    with psycopg.connect(url, autocommit=True) as conn:
+    with _migrated_database(url, f"{urlsplit(url).path.lstrip('/')}_{suffix}") as sibling:
+        yield sibling
+
+
+@contextmanager
+def _migrated_database(admin: str, name: str) -> Iterator[str]:
+    """Database ``name``, created and migrated from a connection to ``admin``, and dropped
+    from one on the way out (only if it was created)."""
+    with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     try:
-        sibling = _with_db(url, name)
-        migrate.upgrade(sibling)
-        yield sibling
+        url = _with_db(admin, name)
+        migrate.upgrade(url)
+        yield url
     finally:
-        with psycopg.connect(url, autocommit=True) as conn:
+        with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
