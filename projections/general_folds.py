@@ -35,6 +35,9 @@ PAYOUT_RANK = {"payout.approved": 1, "payout.failed": 2, "payout.confirmed": 3}
 PAYMENT_RANK_BY_OUTCOME = {"failure": 1, "success": 2, "refunded": 3}
 PAYOUT_RANK_BY_OUTCOME = {"pending": 1, "failure": 2, "success": 3}
 SLOT_OF_OUTCOME = {"success": "confirmed", "refunded": "refunded", "failure": "failed"}
+SUCCESS_SLOTS = ("confirmed", "refunded")
+# where ``evidence`` keeps the slots the provider's records (``reconcile.recovered``) took
+RECOVERED_SLOTS = "recovered"
 SMS_RANK = {"sms.failed": 1, "sms.delivered": 2}
 # the invoice's own events outrank a part payment that carries the same block
 INVOICE_RANK = {"invoice.created": 0, "payment.confirmed": 1, "invoice.updated": 2,
@@ -91,16 +94,25 @@ def _fold_money(row: Row | None, event: StoredEvent, *, kind: str, rank: int,
         **candidate, "winner": None, "provenance": {}, "evidence": {}, "conflicted": False,
         "event_count": 0, "last_position": 0}
     state.setdefault("recovered", False)
-    evidence: dict[str, list[Any]] = dict(state["evidence"])
+    evidence: dict[str, Any] = dict(state["evidence"])
     found: list[Discrepancy] = []
-    slot = None if recovered else SLOT_OF_OUTCOME.get(facts["outcome"])
-    if slot is not None:
+    slot = SLOT_OF_OUTCOME.get(facts["outcome"])
+    mark = [key_to_json(key), event.dedupe_key, None if amount is None else str(amount)]
+    if slot is not None and recovered:
+        # the provider's record counts for the outcome (a late webhook saying otherwise is
+        # a conflict), never for the amounts, which it spells its own way
+        found = _outcome_conflict(evidence, slot, amount, kind, reference)
+        held_recovered: dict[str, list[Any]] = dict(evidence.get(RECOVERED_SLOTS, {}))
+        held = held_recovered.get(slot)
+        if held is None or key > key_from_json(held[0]):
+            held_recovered[slot] = mark
+        evidence[RECOVERED_SLOTS] = held_recovered
+    elif slot is not None:
         known_amounts = _confirmed_amounts(evidence)  # before this event takes the slot
         found = _conflicts(evidence, slot, amount, known_amounts, kind, reference)
         held = evidence.get(slot)
         if held is None or key > key_from_json(held[0]):
-            evidence[slot] = [key_to_json(key), event.dedupe_key,
-                              None if amount is None else str(amount)]
+            evidence[slot] = mark
         if slot == "confirmed" and amount is not None:
             evidence["amounts"] = sorted({*known_amounts, _amount_text(amount)}, key=Decimal)
     if not recovered and facts.get("code_event_conflict"):
@@ -135,25 +147,38 @@ def _code_contradiction(subject: str, event: StoredEvent, counts_as: str,
         amount_at_risk=at_risk, evidence=(event.dedupe_key,))
 
 
+def _outcome_conflict(evidence: dict[str, Any], slot: str, amount: Decimal | None,
+                      kind: str, reference: str) -> list[Discrepancy]:
+    """A failure beside a success, whether a webhook or the provider's record
+    (``reconcile.recovered``) reported either: found once, when the second outcome first
+    shows."""
+    recovered = evidence.get(RECOVERED_SLOTS, {})
+    successes = [held[s] for held in (evidence, recovered) for s in SUCCESS_SLOTS if s in held]
+    failed = "failed" in evidence or "failed" in recovered
+    # the amount at risk is the success's amount known when the conflict shows; which one
+    # that is can depend on arrival order, the finding's identity never does
+    if slot == "failed" and successes and not failed:
+        return [_conflict(kind, reference, "both a failure and a success were reported",
+                          decimal_or_none(successes[0][2]), "outcome:failure",
+                          "outcome:success")]
+    if slot in SUCCESS_SLOTS and failed and not successes:
+        return [_conflict(kind, reference, "both a failure and a success were reported",
+                          amount, "outcome:failure", "outcome:success")]
+    return []
+
+
 def _conflicts(evidence: dict[str, Any], slot: str, amount: Decimal | None,
                known_amounts: list[str], kind: str, reference: str) -> list[Discrepancy]:
-    """What this event contradicts among those folded before it.
+    """What this webhook contradicts among the events folded before it.
 
     A finding is named by what conflicts (the outcomes, the two amounts), not by which
     events happened to arrive first, so every arrival order of the same events records the
     same set of discrepancies: one for a failure beside a success, one per pair of
     different confirmed amounts.
     """
-    success_slots = [s for s in ("confirmed", "refunded") if s in evidence]
-    # the amount at risk is the success's amount known when the conflict shows; which one
-    # that is can depend on arrival order, the finding's identity never does
-    if slot == "failed" and success_slots and "failed" not in evidence:
-        other = evidence[success_slots[0]]
-        return [_conflict(kind, reference, "both a failure and a success were reported",
-                          decimal_or_none(other[2]), "outcome:failure", "outcome:success")]
-    if slot in ("confirmed", "refunded") and "failed" in evidence and not success_slots:
-        return [_conflict(kind, reference, "both a failure and a success were reported",
-                          amount, "outcome:failure", "outcome:success")]
+    outcome = _outcome_conflict(evidence, slot, amount, kind, reference)
+    if outcome:
+        return outcome
     if slot == "confirmed" and amount is not None:
         mine = _amount_text(amount)
         found = []

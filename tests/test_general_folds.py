@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
+import orjson
+
 from ledger import StoredEvent
+from ledger.jsonenc import dumps
 from projections.folding import Discrepancy
 from projections.registry import PROJECTIONS, Row
-from tests.projection_events import new_event, stored
+from reconcile.findings import recovered_event
+from reconcile.records import ProviderRecord
+from tests.projection_events import EAT, new_event, stored
 
 INVOICE = {"invoiceNo": "INV-1", "total": 900, "currency": "TZS", "dueDate": "2026-12-31",
            "paymentReference": "99123"}
@@ -167,6 +173,66 @@ def test_a_payout_failure_beside_a_confirmation_is_a_conflict_and_not_refunded()
         assert (rows["O"]["outcome"], rows["O"]["refunded_to_wallet"]) == ("success", False)
         assert [(d.kind, d.evidence) for d in found] == [
             ("conflicting_events", ("outcome:failure", "outcome:success"))]
+
+
+# -- states recovered through the reference API, then a late webhook -----------------------
+
+def recovered(subject: str, reference: str, event: str, code: int, amount: int,
+              status: str) -> StoredEvent:
+    """The reconciler's own ``reconcile.recovered`` event, as the ledger hands it back."""
+    record = ProviderRecord(reference=reference, status=status, amount=Decimal(amount),
+                            event=event, code=code, transaction_id="TX-API",
+                            customer_reference="order-1", service=None,
+                            timestamp="20261122083500")
+    new = recovered_event(subject, record, "pass-1", datetime.now(UTC), EAT)
+    return stored(dataclasses.replace(new, facts=orjson.loads(dumps(new.facts))))
+
+
+def test_a_late_failure_webhook_after_a_recovered_success_is_a_conflict() -> None:
+    """The provider's record said paid; a failure webhook arriving after it contradicts
+    that record, and is flagged rather than absorbed (the recovered success still stands)."""
+    paid = recovered("collection", "P", "payment.confirmed", 91000, 700, "SUCCESSFUL")
+    fail = ev("payment.failed", 91055, reference="P", amount=0, transaction_id="-1",
+              status="FAILED", timestamp="20261122090000")
+    rows, found = fold_all("payments", [paid, fail])
+    assert (rows["P"]["outcome"], rows["P"]["recovered"], rows["P"]["conflicted"]) == (
+        "success", True, True)
+    assert [(d.kind, d.evidence, d.amount_at_risk) for d in found] == [
+        ("conflicting_events", ("outcome:failure", "outcome:success"), Decimal("700"))]
+
+
+def test_a_late_success_webhook_after_a_recovered_failure_is_a_conflict() -> None:
+    failed = recovered("payout", "O", "payout.failed", 92055, 0, "FAILED")
+    confirmed = ev("payout.confirmed", 92000, reference="O", service="Disbursement",
+                   amount=1000)
+    rows, found = fold_all("payouts", [failed, confirmed])
+    assert (rows["O"]["outcome"], rows["O"]["recovered"]) == ("success", False)
+    assert [(d.evidence, d.amount_at_risk) for d in found] == [
+        (("outcome:failure", "outcome:success"), Decimal("1000"))]
+
+
+def test_a_failure_beside_a_success_is_one_finding_whoever_reported_each() -> None:
+    """Recovered, webhook failure, webhook success: one conflict, not one per success."""
+    paid = recovered("collection", "P", "payment.confirmed", 91000, 700, "SUCCESSFUL")
+    fail = ev("payment.failed", 91055, reference="P", amount=0, timestamp="20261122090000")
+    confirm = ev("payment.confirmed", 91000, reference="P", amount=700)
+    for order in ([paid, fail, confirm], [paid, confirm, fail]):
+        _, found = fold_all("payments", order)
+        assert [d.evidence for d in found] == [("outcome:failure", "outcome:success")]
+
+
+def test_a_late_webhook_agreeing_with_the_recovered_state_takes_over_without_a_finding() -> None:
+    """Its amount is not compared with the provider's record here: the reconciler's own
+    check says whether those differ (``amount_mismatch``)."""
+    paid = recovered("collection", "P", "payment.confirmed", 91000, 700, "SUCCESSFUL")
+    confirm = ev("payment.confirmed", 91000, reference="P", amount=750)
+    refund = recovered("collection", "P", "payment.refunded", 91010, 750, "REVERSED")
+    rows, found = fold_all("payments", [paid, confirm])
+    assert (rows["P"]["outcome"], rows["P"]["recovered"], rows["P"]["amount"]) == (
+        "success", False, Decimal("750"))
+    assert found == []
+    rows, found = fold_all("payments", [confirm, refund])  # a lost refund: a successor
+    assert (rows["P"]["outcome"], rows["P"]["recovered"], found) == ("refunded", True, [])
 
 
 # -- invoices -----------------------------------------------------------------------------
