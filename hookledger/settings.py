@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import Field, SecretStr, field_validator
@@ -185,6 +186,25 @@ class Settings(BaseSettings):
         assert value is not None
         if not value.startswith(("postgresql://", "postgres://", "postgresql+psycopg://")):
             raise ValueError("must be a postgresql:// URL")
+        return value
+
+    @field_validator("api_base_url")
+    @classmethod
+    def _api_url(cls, value: str | None) -> str | None:
+        """Refused here, not on the first reconciliation pass: without a scheme the HTTP
+        client fails every request, and reconciliation would only log errors for ever."""
+        if value in (None, ""):
+            return None
+        assert value is not None
+        try:
+            parts = urlsplit(value)
+            parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+            usable = parts.scheme in ("http", "https") and bool(parts.hostname)
+        except ValueError:  # that, or a malformed IPv6 address
+            usable = False
+        if not usable:
+            raise ValueError("must be an http:// or https:// URL with a host, such as "
+                             "https://api.example.com")
         return value
 
     @property

@@ -62,6 +62,24 @@ def test_an_unknown_zone_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
         Settings()
 
 
+@pytest.mark.parametrize("raw", ["api.provider.example", "ftp://api.provider.example",
+                                 "https://", "https://api.example:port", "/api/v1",
+                                 "http://[::1"])
+def test_an_api_url_that_no_request_could_reach_is_refused_at_start(
+        monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
+    monkeypatch.setenv("HOOKLEDGER_API_BASE_URL", raw)
+    with pytest.raises(ValidationError, match="api_base_url"):
+        Settings()
+
+
+@pytest.mark.parametrize("raw", ["https://api.provider.example", "http://127.0.0.1:8081/",
+                                 "https://api.provider.example/gateway", ""])
+def test_an_api_url_with_a_scheme_and_host_is_kept(monkeypatch: pytest.MonkeyPatch,
+                                                   raw: str) -> None:
+    monkeypatch.setenv("HOOKLEDGER_API_BASE_URL", raw)
+    assert Settings().api_base_url == (raw or None)
+
+
 def test_the_provider_zone_is_known_without_the_hosts_zone_database(tmp_path: Path) -> None:
     """A slim container has no /usr/share/zoneinfo: the zones come from the tzdata package,
     so the default East Africa Time still reads (PYTHONTZPATH empty hides the system's)."""
