@@ -4,8 +4,11 @@ Every lookup ends in a :class:`Lookup` (found, not found, or an error with its r
 never raises for what the network or the provider does, so one bad answer cannot stop a
 pass. Explicit timeouts; retries with exponential backoff and full jitter on timeouts,
 connection errors, 5xx, 429 (honouring ``Retry-After``, capped) and malformed envelopes;
-at most ``concurrency`` requests in flight. The API key goes in the ``apiToken`` header
-and nowhere else: errors name the reference and the HTTP status, never headers.
+at most ``concurrency`` requests in flight. A 429 pauses the whole client, not only the
+lookup it answered: the provider limits the caller, and lookups that went on asking
+meanwhile would only be refused in turn and use up their attempts. The API key goes in
+the ``apiToken`` header and nowhere else: errors name the reference and the HTTP status,
+never headers.
 """
 
 from __future__ import annotations
@@ -124,6 +127,7 @@ class ReferenceClient:
         self._base_s, self._cap_s = backoff_base_s, backoff_cap_s
         self._mapping = mapping or RecordMapping.create()
         self._rng = random.Random(seed)
+        self._resume_at = 0.0  # time.monotonic() before which no request is sent (a 429's)
         self.requests = 0
 
     async def __aenter__(self) -> ReferenceClient:
@@ -142,6 +146,7 @@ class ReferenceClient:
             attempt += 1
             try:
                 async with self._semaphore:
+                    await self._paced()
                     return self._finish(await self._once(reference), attempt, started)
             except _Retryable as retry:
                 if attempt >= self._max_attempts:
@@ -155,12 +160,19 @@ class ReferenceClient:
                                       rng=self._rng)
                 if retry.wait_s is not None:
                     delay = max(delay, retry.wait_s)
+                if retry.reason == "rate_limited":
+                    self._resume_at = max(self._resume_at, time.monotonic() + delay)
                 await asyncio.sleep(delay)
             except (ApiRefused, MappingError) as exc:
                 reason = "refused" if isinstance(exc, ApiRefused) else "mapping"
                 return Lookup(reference, "error", error=reason,
                               detail=f"{type(exc).__name__}: {exc}", attempts=attempt,
                               seconds=time.perf_counter() - started)
+
+    async def _paced(self) -> None:
+        """Wait out the latest 429's pause (another lookup may lengthen it meanwhile)."""
+        while (wait := self._resume_at - time.monotonic()) > 0:
+            await asyncio.sleep(wait)
 
     def _finish(self, lookup: Lookup, attempt: int, started: float) -> Lookup:
         return Lookup(lookup.reference, lookup.kind, lookup.record, lookup.error,

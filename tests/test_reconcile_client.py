@@ -1,0 +1,54 @@
+"""The reference API client against the sandbox's real HTTP server (no database needed)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from reconcile.client import Lookup, ReferenceClient
+from sandbox.faults import FaultSettings
+from sandbox.runner import running_sandbox
+from tests.reconcile_helpers import API_KEY, CountingState, body
+
+
+class TimedState(CountingState):
+    """Also notes when each lookup reached the provider's handler (past its fault switches)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.times: list[float] = []
+
+    def record(self, reference: str) -> dict[str, Any] | None:
+        with self._count_lock:
+            self.times.append(time.monotonic())
+        return super().record(reference)
+
+
+def test_a_429_pauses_every_lookup_for_its_retry_after_not_only_its_own() -> None:
+    """The provider limits the caller: lookups that kept asking during a 429's
+    ``Retry-After`` would be refused in turn and use up their attempts."""
+    state = TimedState()
+    references = [f"L-{i}" for i in range(40)]
+    for reference in references:
+        state.record_general(body("payment.confirmed", 91000, reference=reference, amount=100))
+    concurrency = 4
+    faults = FaultSettings(latency_ms=20, rate_limit_count=1, retry_after_s=1)
+
+    async def look_up_all(url: str) -> tuple[float, list[Lookup]]:
+        async with ReferenceClient(url, API_KEY, max_attempts=3, backoff_base_s=0.01,
+                                   backoff_cap_s=0.05, concurrency=concurrency,
+                                   seed=1) as client:
+            started = time.monotonic()
+            return started, list(await asyncio.gather(*map(client.lookup, references)))
+
+    with running_sandbox(state=state, faults=faults) as api:
+        started, lookups = asyncio.run(look_up_all(api.url))
+    assert [lookup.kind for lookup in lookups] == ["found"] * len(references)
+    assert sum(lookup.attempts for lookup in lookups) == len(references) + 1  # the one 429
+    # the first answer was the 429 (counts are used first): only lookups already in flight
+    # beside it, or sent while its answer was on the way, reached the provider within its
+    # second; without the shared pause all but the refused one did
+    within_the_pause = [t for t in state.times if t - started < 0.9]
+    assert len(within_the_pause) <= 2 * concurrency
+    assert len(state.times) == len(references)
