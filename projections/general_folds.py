@@ -98,6 +98,8 @@ def _fold_money(row: Row | None, event: StoredEvent, *, kind: str, rank: int,
     found: list[Discrepancy] = []
     slot = SLOT_OF_OUTCOME.get(facts["outcome"])
     mark = [key_to_json(key), event.dedupe_key, None if amount is None else str(amount)]
+    if RECOVERED_SLOTS not in evidence and state["recovered"]:
+        evidence[RECOVERED_SLOTS] = _recovered_slot_of_old_row(state)
     if slot is not None and recovered:
         # the provider's record counts for the outcome (a late webhook saying otherwise is
         # a conflict), never for the amounts, which it spells its own way
@@ -145,6 +147,17 @@ def _code_contradiction(subject: str, event: StoredEvent, counts_as: str,
         detail=f"code {facts.get('code')} contradicts event {facts['event']}; the code's "
                f"band decides, so it counts as {counts_as}",
         amount_at_risk=at_risk, evidence=(event.dedupe_key,))
+
+
+def _recovered_slot_of_old_row(state: Row) -> dict[str, list[Any]]:
+    """A row folded before recovered outcomes were kept in ``evidence``, whose state is
+    still a recovered one: its winner is that recovered event. (A recovered state a webhook
+    has since taken over left no trace in such a row: ``hookledger rebuild`` finds it.)"""
+    slot = SLOT_OF_OUTCOME.get(state["outcome"])
+    if slot is None or state["winner"] is None:
+        return {}
+    amount = state.get("amount")
+    return {slot: [state["winner"], None, None if amount is None else str(amount)]}
 
 
 def _outcome_conflict(evidence: dict[str, Any], slot: str, amount: Decimal | None,

@@ -171,8 +171,12 @@ def decide(local: Local, lookup: Lookup, *, now: datetime, window: timedelta) ->
     status_differs = any(d.kind == "status_mismatch" for d in found)
     mismatch = status_differs or any(d.kind == "amount_mismatch" for d in found)
     if not mismatch:
+        # a recovered state is the provider's own answer: a check agreeing with it says
+        # nothing about a webhook that contradicted it (conflicting_events stays open)
+        agreed = ("status_mismatch", "amount_mismatch") + (
+            () if local.recovered else ("conflicting_events",))
         resolve += [(d.id, "a check agrees with the provider") for d in local.open
-                    if d.kind in ("status_mismatch", "amount_mismatch", "conflicting_events")]
+                    if d.kind in agreed]
     elif not status_differs and not behind:
         # the states agree now and only the amount differs: that is an amount_mismatch's
         # to carry, with the difference at risk, not the whole amount

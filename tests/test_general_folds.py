@@ -201,6 +201,20 @@ def test_a_late_failure_webhook_after_a_recovered_success_is_a_conflict() -> Non
         ("conflicting_events", ("outcome:failure", "outcome:success"), Decimal("700"))]
 
 
+def test_a_row_recovered_before_recovered_outcomes_were_kept_still_finds_the_conflict() -> None:
+    """Rows stored by an earlier version have no ``evidence.recovered``: a row whose state
+    is still the recovered one gives its winner as that slot."""
+    paid = recovered("collection", "P", "payment.confirmed", 91000, 700, "SUCCESSFUL")
+    rows, _ = fold_all("payments", [paid])
+    legacy = dict(rows["P"], evidence={})
+    fail = ev("payment.failed", 91055, reference="P", amount=0, timestamp="20261122090000")
+    payments = next(p for p in PROJECTIONS if p.table == "payments")
+    row, found = payments.fold(legacy, fail)
+    assert (row["outcome"], row["recovered"]) == ("success", True)
+    assert [(d.evidence, d.amount_at_risk) for d in found] == [
+        (("outcome:failure", "outcome:success"), Decimal("700"))]
+
+
 def test_a_late_success_webhook_after_a_recovered_failure_is_a_conflict() -> None:
     failed = recovered("payout", "O", "payout.failed", 92055, 0, "FAILED")
     confirmed = ev("payout.confirmed", 92000, reference="O", service="Disbursement",

@@ -71,6 +71,20 @@ def test_settle_never_resolves_on_a_recovered_state_except_unresolved(
         assert reason is None
 
 
+def test_a_check_agreeing_with_a_recovered_state_leaves_a_contradicting_webhook_flagged() -> None:
+    """The recovered state is the provider's own answer: asking again proves nothing about
+    the late webhook that contradicted it. A webhook-kept state the provider confirms does
+    settle a conflict between webhooks."""
+    conflict = (OpenDiscrepancy("id-c", "conflicting_events"),)
+    answer = Lookup("R", "found", record("success", Decimal(10)))
+    for recovered, resolved in ((True, ()), (False, ("id-c",))):
+        local = Local("collection", "R", "success", "SUCCESSFUL", Decimal(10),
+                      recovered=recovered, since=NOW - timedelta(hours=1), open=conflict)
+        verdict = decide(local, answer, now=NOW, window=WINDOW)
+        assert verdict.result == "agrees"
+        assert tuple(i for i, _ in verdict.resolve) == resolved
+
+
 def test_an_error_decides_nothing_and_a_missing_record_is_unknown_only_after_the_window() -> None:
     local = Local("collection", "R", since=NOW - timedelta(seconds=10), expected_amount=Decimal(5))
     assert decide(local, Lookup("R", "error", error="timeout"), now=NOW, window=WINDOW
