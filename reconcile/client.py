@@ -98,6 +98,9 @@ def backoff_delay(attempt: int, *, base_s: float, cap_s: float, rng: random.Rand
     return rng.uniform(0.0, min(cap_s, base_s * (2 ** (attempt - 1))))
 
 
+RESUME_SPREAD_S = 0.25  # after a 429's pause, lookups resume spread over this long
+
+
 class _Retryable(Exception):
     def __init__(self, reason: str, detail: str, wait_s: float | None = None,
                  api_code: int | None = None) -> None:
@@ -149,6 +152,12 @@ class ReferenceClient:
                     await self._paced()
                     return self._finish(await self._once(reference), attempt, started)
             except _Retryable as retry:
+                delay = backoff_delay(attempt, base_s=self._base_s, cap_s=self._cap_s,
+                                      rng=self._rng)
+                if retry.wait_s is not None:
+                    delay = max(delay, retry.wait_s)
+                if retry.reason == "rate_limited":  # the others wait too, last attempt or not
+                    self._resume_at = max(self._resume_at, time.monotonic() + delay)
                 if attempt >= self._max_attempts:
                     error = ApiUnavailable if retry.reason != "malformed_envelope" \
                         else MalformedEnvelope
@@ -156,12 +165,6 @@ class ReferenceClient:
                                   detail=f"{error.__name__}: {retry.detail}",
                                   api_code=retry.api_code, attempts=attempt,
                                   seconds=time.perf_counter() - started)
-                delay = backoff_delay(attempt, base_s=self._base_s, cap_s=self._cap_s,
-                                      rng=self._rng)
-                if retry.wait_s is not None:
-                    delay = max(delay, retry.wait_s)
-                if retry.reason == "rate_limited":
-                    self._resume_at = max(self._resume_at, time.monotonic() + delay)
                 await asyncio.sleep(delay)
             except (ApiRefused, MappingError) as exc:
                 reason = "refused" if isinstance(exc, ApiRefused) else "mapping"
@@ -170,9 +173,14 @@ class ReferenceClient:
                               seconds=time.perf_counter() - started)
 
     async def _paced(self) -> None:
-        """Wait out the latest 429's pause (another lookup may lengthen it meanwhile)."""
+        """Wait out the latest 429's pause (another lookup may lengthen it meanwhile), then
+        a moment more of one's own, so that the waiting lookups do not all ask at once."""
+        paused = False
         while (wait := self._resume_at - time.monotonic()) > 0:
+            paused = True
             await asyncio.sleep(wait)
+        if paused:
+            await asyncio.sleep(self._rng.uniform(0.0, RESUME_SPREAD_S))
 
     def _finish(self, lookup: Lookup, attempt: int, started: float) -> Lookup:
         return Lookup(lookup.reference, lookup.kind, lookup.record, lookup.error,
