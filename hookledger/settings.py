@@ -193,18 +193,20 @@ class Settings(BaseSettings):
     def _api_url(cls, value: str | None) -> str | None:
         """Refused here, not on the first reconciliation pass: without a scheme the HTTP
         client fails every request, and reconciliation would only log errors for ever."""
-        if value in (None, ""):
+        value = (value or "").strip()  # a trailing newline from an env file is no part of it
+        if not value:
             return None
-        assert value is not None
         try:
             parts = urlsplit(value)
             parts.port  # noqa: B018 - raises ValueError for a port that is not a number
-            usable = parts.scheme in ("http", "https") and bool(parts.hostname)
+            usable = (parts.scheme in ("http", "https") and bool(parts.hostname)
+                      and not parts.query and not parts.fragment
+                      and value.isprintable() and " " not in value)
         except ValueError:  # that, or a malformed IPv6 address
             usable = False
         if not usable:
-            raise ValueError("must be an http:// or https:// URL with a host, such as "
-                             "https://api.example.com")
+            raise ValueError("must be an http:// or https:// URL with a host and no query, "
+                             "such as https://api.example.com")
         return value
 
     @property

@@ -64,7 +64,9 @@ def test_an_unknown_zone_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize("raw", ["api.provider.example", "ftp://api.provider.example",
                                  "https://", "https://api.example:port", "/api/v1",
-                                 "http://[::1"])
+                                 "http://[::1", "https://api.example?key=1",
+                                 "https://api.example#top", "https://api. example",
+                                 "https://api.example/a\tb"])
 def test_an_api_url_that_no_request_could_reach_is_refused_at_start(
         monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
     monkeypatch.setenv("HOOKLEDGER_API_BASE_URL", raw)
@@ -73,11 +75,17 @@ def test_an_api_url_that_no_request_could_reach_is_refused_at_start(
 
 
 @pytest.mark.parametrize("raw", ["https://api.provider.example", "http://127.0.0.1:8081/",
-                                 "https://api.provider.example/gateway", ""])
+                                 "https://api.provider.example/gateway", "http://[::1]:8081", ""])
 def test_an_api_url_with_a_scheme_and_host_is_kept(monkeypatch: pytest.MonkeyPatch,
                                                    raw: str) -> None:
     monkeypatch.setenv("HOOKLEDGER_API_BASE_URL", raw)
     assert Settings().api_base_url == (raw or None)
+
+
+def test_an_api_url_is_kept_without_the_spaces_or_newline_around_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOOKLEDGER_API_BASE_URL", " https://api.provider.example\n")
+    assert Settings().api_base_url == "https://api.provider.example"
 
 
 def test_the_provider_zone_is_known_without_the_hosts_zone_database(tmp_path: Path) -> None:
