@@ -105,16 +105,12 @@ def _fold_money(row: Row | None, event: StoredEvent, *, kind: str, rank: int,
         # a conflict), never for the amounts, which it spells its own way
         found = _outcome_conflict(evidence, slot, amount, kind, reference)
         held_recovered: dict[str, list[Any]] = dict(evidence.get(RECOVERED_SLOTS, {}))
-        held = held_recovered.get(slot)
-        if held is None or key > key_from_json(held[0]):
-            held_recovered[slot] = mark
+        _keep_highest(held_recovered, slot, key, mark)
         evidence[RECOVERED_SLOTS] = held_recovered
     elif slot is not None:
         known_amounts = _confirmed_amounts(evidence)  # before this event takes the slot
         found = _conflicts(evidence, slot, amount, known_amounts, kind, reference)
-        held = evidence.get(slot)
-        if held is None or key > key_from_json(held[0]):
-            evidence[slot] = mark
+        _keep_highest(evidence, slot, key, mark)
         if slot == "confirmed" and amount is not None:
             evidence["amounts"] = sorted({*known_amounts, _amount_text(amount)}, key=Decimal)
     if not recovered and facts.get("code_event_conflict"):
@@ -147,6 +143,13 @@ def _code_contradiction(subject: str, event: StoredEvent, counts_as: str,
         detail=f"code {facts.get('code')} contradicts event {facts['event']}; the code's "
                f"band decides, so it counts as {counts_as}",
         amount_at_risk=at_risk, evidence=(event.dedupe_key,))
+
+
+def _keep_highest(held: dict[str, Any], slot: str, key: SortKey, mark: list[Any]) -> None:
+    """Keep in ``held[slot]`` the mark of the highest-keyed event of that slot."""
+    current = held.get(slot)
+    if current is None or key > key_from_json(current[0]):
+        held[slot] = mark
 
 
 def _recovered_slot_of_old_row(state: Row) -> dict[str, list[Any]]:
