@@ -14,6 +14,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from ingest.errors import BodyError
+from ingest.json_syntax import check_one_object
 
 MAX_DEPTH = 32
 MAX_NUMBER_EXPONENT = 1000  # far beyond money, far inside PostgreSQL numeric
@@ -95,18 +96,10 @@ _DECODER = json.JSONDecoder(object_pairs_hook=_pairs, parse_float=_decimal,
 # the body is read: they describe a JSON object jsonb cannot hold (ingest.unstorable), which
 # is kept, so they stand only once the whole body is known to be one.
 _FOUND_MID_PARSE = frozenset({"duplicate_json_key", "number_out_of_range"})
-_JSON_SPACE = " \t\n\r"
 
 
 def _lenient_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
-
-
-def _refuse_unless_opening_an_object(text: str) -> None:
-    """For a body nested past the reader, where only its opening can be told: refuse one
-    that does not open a JSON object."""
-    if not text.lstrip(_JSON_SPACE).startswith("{"):
-        raise BodyError("not_an_object", "the body is not a JSON object")
 
 
 def _whole_object(text: str) -> None:
@@ -116,8 +109,8 @@ def _whole_object(text: str) -> None:
         value = json.loads(text, parse_int=str, parse_float=str,
                            parse_constant=_lenient_constant)
     except RecursionError:
-        _refuse_unless_opening_an_object(text)
-        return  # nested past the reader's own depth: the hooks' finding stands
+        check_one_object(text)  # nested past the reader's own depth: read without it
+        return
     except ValueError as exc:
         raise BodyError("invalid_json", str(exc).split(":")[0][:200]) from None
     if not isinstance(value, dict):
@@ -139,7 +132,7 @@ def parse_object(raw: bytes) -> tuple[dict[str, Any], str]:
             _whole_object(text)
         raise
     except RecursionError as exc:
-        _refuse_unless_opening_an_object(text)
+        check_one_object(text)  # the rest must still be one object for it to be kept
         raise BodyError("too_deep", "nested too deeply") from exc
     except ValueError as exc:  # JSONDecodeError, and ints past Python's digit limit
         raise BodyError("invalid_json", str(exc).split(":")[0][:200]) from exc
