@@ -106,20 +106,22 @@ class BatchingAppender:
             for _, future in batch:
                 _settle(future, exc=exc)
             return
-        except LedgerError as exc:
-            if len(batch) == 1:
-                raise_into = batch[0][1]
-                _settle(raise_into, exc=LedgerError(f"the database refused this event: {exc}"))
-                return
-            # one bad event must not sink the others: retry each on its own
-            for item in batch:
-                await self._commit([item])
-            return
-        except BaseException as exc:
+        except asyncio.CancelledError:
             for _, future in batch:
-                _settle(future, exc=LedgerUnavailable(f"append failed: {type(exc).__name__}"))
-            if isinstance(exc, asyncio.CancelledError):
-                raise
+                _settle(future, exc=LedgerUnavailable("append cancelled"))
+            raise
+        except Exception as exc:  # LedgerError included
+            # The database refused the batch, or writing it failed in this process (a value
+            # the writer cannot encode: a bug, but one event's). Either way one bad event
+            # must not sink the others, which the general system would never send again:
+            # retry each on its own, and fail only the one that fails alone.
+            if len(batch) > 1:
+                for item in batch:
+                    await self._commit([item])
+                return
+            if not isinstance(exc, LedgerError):
+                log.exception("appender.event_failed")
+            _settle(batch[0][1], exc=LedgerError(f"the ledger refused this event: {exc}"))
             return
         self.batches += 1
         self.events += len(batch)

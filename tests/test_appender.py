@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from ingest.appender import BatchingAppender
-from ledger import LedgerStore
+from ledger import AppendResult, LedgerError, LedgerStore, LedgerUnavailable
 from tests.projection_events import new_event
 
 EVENTS = [new_event("payment.confirmed", 91000, reference=f"G-{i}") for i in range(50)]
@@ -81,3 +82,27 @@ async def test_a_failure_after_the_commit_neither_loses_the_answer_nor_stops_the
     assert first.position and later.position > first.position
     assert sizes == [1, 1]
     assert await stored_keys(pool) == KEYS[:2]
+
+
+@pytest.mark.anyio
+async def test_an_event_the_writer_cannot_encode_fails_alone(pool: AsyncConnectionPool) -> None:
+    """A value no JSON encoder takes (a bug upstream, but one event's) sinks neither the
+    batch it arrived in nor the appender: the others are appended, and only its caller
+    hears of it, as a refusal of that event (which ingest then keeps by its raw bytes)."""
+    poison = replace(EVENTS[5], facts={**EVENTS[5].facts, "oops": object()})
+    appender = BatchingAppender(LedgerStore(pool).append)
+    appender.start()
+    first = asyncio.create_task(appender.append(EVENTS[0]))
+    await asyncio.sleep(0)  # event 0 is committing; the rest queue into one batch
+    rest = [asyncio.create_task(appender.append(e))
+            for e in [*EVENTS[1:5], poison, *EVENTS[6:10]]]
+    done = await asyncio.gather(first, *rest, return_exceptions=True)
+    later = await appender.append(EVENTS[10])
+    await appender.close()
+    assert appender.events == 10
+    assert isinstance(done[5], LedgerError) and not isinstance(done[5], LedgerUnavailable)
+    assert "object" in str(done[5])
+    answered = [r for i, r in enumerate(done) if i != 5]
+    assert all(isinstance(r, AppendResult) and not r.duplicate for r in answered)
+    assert not later.duplicate
+    assert await stored_keys(pool) == [k for i, k in enumerate(KEYS[:11]) if i != 5]
