@@ -23,6 +23,7 @@ from ledger.schema import PRIVATE_SCHEMA
 from projections.live import LOCK_WAIT_S, LiveProjector, ProjectorThread, leader_query
 from projections.projector import (
     PROJECTIONS_BY_TABLE,
+    checkpoint,
     connect,
     lock_checkpoint,
     project_batch,
@@ -335,6 +336,59 @@ def test_a_stop_asked_before_the_projector_threads_loop_exists_is_not_lost(
         assert applied_counts(db_url) == 0 and thread.projector.applied == 0
     finally:
         thread.stop(timeout=10)  # a failing run must not leave it holding the database
+
+
+def test_a_projector_thread_stopped_mid_catch_up_ends_at_a_batch_and_its_successor_resumes(
+        db_url: str) -> None:
+    """``serve`` stopping while its projector thread works through a backlog: the thread
+    ends promptly, every batch it counted is committed with the checkpoint past it and no
+    half batch is seen, and the next projector folds the rest, each event exactly once."""
+    events = mixed_events(600, seed=21)
+    asyncio.run(append_all(db_url, events, chunk=200))
+    with psycopg.connect(db_url) as conn:
+        positions = [position for (position,) in conn.execute(
+            "SELECT position FROM hookledger_private.ledger_events ORDER BY position")]
+    ledger_end = positions[-1]
+
+    def stored_checkpoint() -> int:
+        return asyncio.run(_checkpoint_of(db_url))
+
+    thread = ProjectorThread(LiveProjector(db_url, batch_size=20, poll_s=0.05))
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while thread.projector.applied < 100:  # several batches in, far from the end
+            assert time.monotonic() < deadline, "the projector thread never got going"
+            time.sleep(0.005)
+        began = time.monotonic()
+        thread.stop(timeout=10)
+        assert not thread.is_alive(), "the projector thread went on after the stop"
+        assert time.monotonic() - began < 5
+    finally:
+        thread.stop(timeout=10)
+    applied = thread.projector.applied
+    stopped_at = stored_checkpoint()
+    assert applied % 20 == 0 and 100 <= applied < len(events), applied
+    assert stopped_at < ledger_end  # stopped with a backlog left
+    assert stopped_at == positions[applied - 1]  # exactly the batches it counted
+
+    successor = ProjectorThread(LiveProjector(db_url, batch_size=20, poll_s=0.05))
+    successor.start()
+    try:
+        deadline = time.monotonic() + 30
+        while stored_checkpoint() < ledger_end:
+            assert time.monotonic() < deadline, "the successor never caught up"
+            time.sleep(0.02)
+    finally:
+        successor.stop(timeout=10)
+    assert applied + successor.projector.applied == len(events)
+    assert applied_counts(db_url) == expected_applications(events)
+    assert asyncio.run(verify(db_url)).identical
+
+
+async def _checkpoint_of(url: str) -> int:
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        return await checkpoint(conn)
 
 
 async def holds_leadership(url: str, projector: LiveProjector) -> bool:
