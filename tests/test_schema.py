@@ -7,6 +7,7 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine
+from sqlalchemy.dialects import postgresql
 
 from hookledger import migrate
 from hookledger.database import sqlalchemy_url
@@ -17,6 +18,11 @@ CONTRACT_VIEWS_SO_FAR = {"ledger", "rejected_deliveries", "payments", "payouts",
                          "expectations", "money_at_risk"}
 
 
+# alembic 1.20's comparison hands a reflected index's ``dialect_options`` to SQLAlchemy 2.1
+# as if it were a dialect's keyword, which SQLAlchemy warns about and ignores. An index
+# added or dropped still shows in the diff (checked); a partial index's WHERE clause is not
+# compared at all, which the next test covers.
+@pytest.mark.filterwarnings("ignore:Can't validate argument 'dialect_options'")
 def test_migrations_applied_to_an_empty_database_match_the_declared_schema(
         empty_db_url: str) -> None:
     migrate.upgrade(empty_db_url)
@@ -33,6 +39,25 @@ def test_migrations_applied_to_an_empty_database_match_the_declared_schema(
         diff = compare_metadata(context, metadata)
     engine.dispose()
     assert diff == []
+
+
+def test_every_partial_index_has_its_declared_predicate(db_url: str) -> None:
+    """What the comparison above leaves out: the migrated WHERE clause of each partial
+    index (such as the one that allows a phone number one current chat secret)."""
+    dialect = postgresql.dialect()
+    declared = {
+        index.name: str(where.compile(dialect=dialect, compile_kwargs={
+            "literal_binds": True, "include_table": False}))
+        for table in metadata.tables.values() for index in table.indexes
+        if (where := index.dialect_options["postgresql"]["where"]) is not None}
+    with psycopg.connect(db_url) as conn:
+        migrated = dict(conn.execute(
+            "SELECT c.relname, pg_get_expr(i.indpred, i.indrelid) FROM pg_index i "
+            "JOIN pg_class c ON c.oid = i.indexrelid "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = %s AND i.indpred IS NOT NULL", (PRIVATE_SCHEMA,)).fetchall())
+    assert declared  # there is at least the chat secrets' one to check
+    assert {name: f"({where})" for name, where in declared.items()} == migrated
 
 
 def test_the_contract_views_exist(db_url: str) -> None:
