@@ -110,6 +110,20 @@ def decide(local: Local, lookup: Lookup, *, now: datetime, window: timedelta) ->
     resolve += [(d.id, "the provider now knows the reference") for d in local.open
                 if d.kind == "unknown_at_provider"]
     facts = _provider_facts(record)
+    other = record.not_a(local.subject)
+    if other is not None:
+        # Another kind's record under this reference: nothing of it is this subject's state
+        # or money. Its facts carry no provider_outcome, so no webhook settles this by
+        # happening to agree with that other record: a person looks.
+        found.append(Detection(
+            "status_mismatch",
+            f"the provider's record of {local.reference} is not a {local.subject} "
+            f"({other}); nothing recovered, to be checked by a person",
+            _risk(local.amount, local.expected_amount),
+            {"provider_record_kind": other, "provider_event": record.event,
+             "provider_service": record.service, "provider_type": record.type,
+             "provider_code": record.code}))
+        return _verdict("mismatch", None, found, resolve, open_kinds, settled=False)
     if not record.terminal:
         if overdue and local.outcome in TERMINAL:
             # our webhooks call it final and the provider does not: a state that no later

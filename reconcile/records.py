@@ -32,6 +32,22 @@ DEFAULT_PATHS: dict[str, str] = {
     "timestamp": "timestamp",
 }
 
+# Which kinds of record each field allows, by the spec's event table, its ``service``
+# values, the service digit S of a 9SOO code, and ``type`` (CHARGE or PAYOUT). A part
+# payment against an invoice is a collection (``payment.confirmed``, code 91001) that may
+# well name the Invoicing service: that service allows a collection too.
+KINDS_OF_EVENT_FAMILY: dict[str, frozenset[str]] = {
+    "payment": frozenset({"collection"}), "payout": frozenset({"payout"}),
+    "invoice": frozenset({"invoice"}), "sms": frozenset({"sms"})}
+KINDS_OF_CODE_SERVICE: dict[int, frozenset[str]] = {
+    1: frozenset({"collection"}), 2: frozenset({"payout"}), 3: frozenset({"invoice"}),
+    4: frozenset({"sms"}), 5: frozenset({"chat"})}
+KINDS_OF_SERVICE: dict[str, frozenset[str]] = {
+    "collection": frozenset({"collection"}), "disbursement": frozenset({"payout"}),
+    "invoicing": frozenset({"invoice", "collection"}), "bulk sms": frozenset({"sms"})}
+KINDS_OF_TYPE: dict[str, frozenset[str]] = {
+    "PAYOUT": frozenset({"payout"}), "CHARGE": frozenset({"collection", "invoice", "sms"})}
+
 SUCCESS_STATUSES = frozenset({"SUCCESSFUL", "SUCCESS", "PAID", "PARTIAL", "COMPLETED"})
 FAILURE_STATUSES = frozenset({"FAILED", "REJECTED", "CANCELLED", "USER_REJECTED", "EXPIRED"})
 REFUND_STATUSES = frozenset({"REFUNDED", "REVERSED"})
@@ -50,6 +66,7 @@ class ProviderRecord:
     customer_reference: str | None
     service: str | None
     timestamp: str | None
+    type: str | None = None
 
     @property
     def outcome(self) -> Outcome:
@@ -59,11 +76,33 @@ class ProviderRecord:
     def terminal(self) -> bool:
         return self.outcome in TERMINAL
 
+    def not_a(self, subject: str) -> str | None:
+        """Which field says this record is not a ``subject`` (a collection, a payout), or
+        None. The reference API answers every kind of record at one address, so an
+        invoice's number, an SMS id or a payout's reference asked about as a collection
+        comes back as that other record; recovered, its state and amount would land in the
+        wrong projection. A field that is absent, or holds a value no rule knows, says
+        nothing."""
+        family = (self.event or "").partition(".")[0]
+        service_digit = self.code // 1000 % 10 if self.code and 90000 <= self.code <= 99999 \
+            else None
+        claims = [
+            ("event", self.event, KINDS_OF_EVENT_FAMILY.get(family)),
+            ("code", self.code, KINDS_OF_CODE_SERVICE.get(service_digit or 0)),
+            ("service", self.service,
+             KINDS_OF_SERVICE.get((self.service or "").strip().casefold())),
+            ("type", self.type, KINDS_OF_TYPE.get((self.type or "").strip().upper())),
+        ]
+        for field, value, kinds in claims:
+            if kinds is not None and subject not in kinds:
+                return f"its {field} {value} is of {' or '.join(sorted(kinds))}"
+        return None
+
     def as_json(self) -> dict[str, Any]:
         return {"reference": self.reference, "status": self.status, "amount": self.amount,
                 "event": self.event, "code": self.code, "transaction_id": self.transaction_id,
                 "customer_reference": self.customer_reference, "service": self.service,
-                "timestamp": self.timestamp, "outcome": self.outcome}
+                "type": self.type, "timestamp": self.timestamp, "outcome": self.outcome}
 
 
 def record_outcome(event: str | None, code: int | None, status: str | None) -> Outcome:
@@ -147,4 +186,4 @@ class RecordMapping:
             reference=answered or reference, status=text("status"), amount=amount,
             event=text("event"), code=code_raw, customer_reference=text("customer_reference"),
             transaction_id=None if transaction_id in (None, "", "-1") else transaction_id,
-            service=text("service"), timestamp=text("timestamp"))
+            service=text("service"), timestamp=text("timestamp"), type=text("type"))

@@ -5,8 +5,10 @@ from __future__ import annotations
 import random
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from typing import Any
 from zoneinfo import ZoneInfo
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -136,3 +138,82 @@ def test_retry_after_is_read_as_seconds_or_a_date_and_capped() -> None:
     assert retry_after_seconds("99999") == 30.0
     assert retry_after_seconds("Sun, 22 Nov 2026 12:00:05 GMT", now=NOW.timestamp()) == 5.0
     assert retry_after_seconds("soon") is None
+
+
+def kinded(event: str | None = None, code: int | None = None, service: str | None = None,
+           type_: str | None = None) -> ProviderRecord:
+    return ProviderRecord("R", "SUCCESSFUL", Decimal(100), event, code, None, None, service,
+                          None, type=type_)
+
+
+@pytest.mark.parametrize(("fields", "subject", "told_by"), [
+    ({"event": "payment.confirmed", "code": 91000, "service": "Collection",
+      "type_": "CHARGE"}, "collection", None),
+    ({"event": "payment.confirmed", "code": 91000, "service": "Collection",
+      "type_": "CHARGE"}, "payout", "event"),
+    ({"event": "payout.failed", "code": 92055, "service": "Disbursement", "type_": "PAYOUT"},
+     "payout", None),
+    ({"event": "payout.failed", "code": 92055, "service": "Disbursement", "type_": "PAYOUT"},
+     "collection", "event"),
+    # a part payment against an invoice is a collection that may name Invoicing
+    ({"event": "payment.confirmed", "code": 91001, "service": "Invoicing", "type_": "CHARGE"},
+     "collection", None),
+    ({"event": "invoice.paid", "code": 93002, "service": "Invoicing"}, "collection", "event"),
+    ({"event": "sms.delivered", "code": 94000, "service": "Bulk SMS"}, "collection", "event"),
+    # each field on its own, as a provider whose records hold only some of them
+    ({"code": 92000}, "collection", "code"),
+    ({"code": 91050}, "payout", "code"),
+    ({"service": " disbursement "}, "collection", "service"),
+    ({"service": "Invoicing"}, "payout", "service"),
+    ({"type_": "payout"}, "collection", "type"),
+    ({"type_": "CHARGE"}, "payout", "type"),
+    # a field holding what no rule knows, or nothing at all, says nothing
+    ({"type_": "DISBURSEMENT", "service": "Wallet", "event": "transfer.done", "code": 12345},
+     "collection", None),
+    ({}, "payout", None),
+    # the fields disagreeing among themselves: not this kind either way
+    ({"event": "payment.confirmed", "code": 92000}, "collection", "code"),
+])
+def test_a_record_says_which_kind_it_is_by_any_field_that_can_tell(
+        fields: dict[str, Any], subject: str, told_by: str | None) -> None:
+    said = kinded(**fields).not_a(subject)
+    if told_by is None:
+        assert said is None
+    else:
+        assert said is not None and said.startswith(f"its {told_by} ")
+
+
+KIND_FIELDS = {
+    "collection": {"event": ["payment.confirmed", "payment.failed", "payment.refunded"],
+                   "code": [91000, 91001, 91010, 91050], "service": ["Collection", "Invoicing"],
+                   "type_": ["CHARGE"]},
+    "payout": {"event": ["payout.approved", "payout.confirmed", "payout.failed"],
+               "code": [92000, 92002, 92050], "service": ["Disbursement"],
+               "type_": ["PAYOUT"]},
+}
+
+
+@given(kind=st.sampled_from(["collection", "payout"]), data=st.data())
+def test_a_consistent_record_is_its_own_kind_and_never_the_other(
+        kind: str, data: st.DataObject) -> None:
+    """Any subset of fields, each a value the spec gives that kind: it is that kind, and
+    is told apart from the other kind as soon as one field is there."""
+    fields = {name: data.draw(st.none() | st.sampled_from(values), label=name)
+              for name, values in KIND_FIELDS[kind].items()}
+    record = kinded(**fields)
+    other = "payout" if kind == "collection" else "collection"
+    assert record.not_a(kind) is None
+    assert (record.not_a(other) is None) == all(v is None for v in fields.values())
+
+
+def test_a_record_of_another_kind_is_never_recovered_and_no_webhook_settles_it() -> None:
+    collection_record = kinded("payment.confirmed", 91000, "Collection", "CHARGE")
+    local = Local("payout", "R", "pending", "APPROVED", Decimal(100), since=NOW - WINDOW * 2)
+    verdict = decide(local, Lookup("R", "found", collection_record), now=NOW, window=WINDOW)
+    assert verdict.recover is None and verdict.result == "mismatch" and not verdict.settled
+    [found] = verdict.detect
+    assert found.kind == "status_mismatch" and "is not a payout" in found.detail
+    assert found.amount_at_risk == Decimal(100)
+    for outcome in ("success", "failure", "pending"):  # whatever the payout's webhooks say
+        assert settle(found.kind, found.facts, {"outcome": outcome, "amount": Decimal(100),
+                                                "recovered": False}) is None

@@ -13,6 +13,7 @@ import pytest
 from reconcile import runner
 from sandbox.faults import FaultSettings
 from sandbox.runner import running_sandbox
+from tests.general_events import INVOICE
 from tests.reconcile_helpers import (
     CountingState,
     body,
@@ -231,6 +232,75 @@ def test_a_payout_the_provider_calls_reversed_is_reported_and_the_pass_goes_on(
     assert discrepancies(db_url) == [
         ("missing_webhook", "collection", "C-OK", Decimal(100)),
         ("status_mismatch", "payout", "PO-REV", Decimal(700))]
+
+
+OTHER_KINDS: list[tuple[str, str, dict[str, Any]]] = [
+    # (the kind asked about, what the provider's record of that reference is)
+    ("payout", "a collection", body("payment.confirmed", 91000, reference="K-1", amount=1500)),
+    ("collection", "a payout",
+     body("payout.confirmed", 92000, reference="K-1", amount=1500, service="Disbursement",
+          type_="PAYOUT")),
+    ("collection", "an invoice, whose amount is its total",
+     body("invoice.updated", 93001, reference="K-1", amount=50000, service="Invoicing",
+          status="PARTIAL",
+          invoice={**INVOICE, "invoiceNo": "K-1", "amountPaid": 1500, "amountDue": 48500})),
+    ("collection", "an SMS", body("sms.delivered", 94000, reference="K-1", amount=0,
+                                  service="Bulk SMS", status="DELIVERED")),
+]
+
+
+@pytest.mark.parametrize(("kind", "record"), [(k, r) for k, _, r in OTHER_KINDS],
+                         ids=[f"{k} asked, {what} answered" for k, what, _ in OTHER_KINDS])
+def test_a_record_of_another_kind_is_reported_never_recovered_as_the_kind_asked(
+        db_url: str, kind: str, record: dict[str, Any]) -> None:
+    """The reference API answers every kind of record at one address. An expectation
+    registered with the wrong kind, or a reference an invoice or SMS shares, must not put
+    that record's state and amount into payments or payouts."""
+    state = CountingState()
+    state.record_general(record)
+    expect(db_url, "K-1", kind, 1500)
+    with running_sandbox(state=state) as api:
+        result = reconcile(db_url, api.url)
+        again = reconcile(db_url, api.url, recheck_age=timedelta(0))  # no settling, no twin
+    assert result.recovered == [] and again.recovered == [] and result.errors == {}
+    assert rows(db_url, "SELECT count(*) FROM hookledger.ledger "
+                        "WHERE event_type = 'reconcile.recovered'") == [(0,)]
+    assert rows(db_url, "SELECT (SELECT count(*) FROM hookledger.payments) "
+                        "+ (SELECT count(*) FROM hookledger.payouts)") == [(0,)]
+    assert discrepancies(db_url) == [("status_mismatch", kind, "K-1", Decimal(1500))]
+    [(detail,)] = rows(db_url, "SELECT detail FROM hookledger.discrepancies")
+    assert f"is not a {kind}" in detail and "nothing recovered" in detail
+
+
+def test_a_pending_payout_is_not_completed_by_a_collections_record(db_url: str) -> None:
+    """No expectation at all: a payout known by its approval webhook, whose reference the
+    provider answers with a collection's record, stays pending and is reported."""
+    deliver(db_url, "payout.approved", 92002, reference="K-2", amount=900,
+            service="Disbursement", type_="PAYOUT", status="APPROVED")
+    state = CountingState()
+    state.record_general(body("payment.confirmed", 91000, reference="K-2", amount=900))
+    with running_sandbox(state=state) as api:
+        result = reconcile(db_url, api.url, payout_window=timedelta(0))
+    assert result.recovered == []
+    assert rows(db_url, "SELECT outcome, last_event, recovered FROM hookledger.payouts") == [
+        ("pending", "payout.approved", False)]
+    assert discrepancies(db_url) == [("status_mismatch", "payout", "K-2", Decimal(900))]
+
+
+def test_a_part_payment_against_an_invoice_is_still_recovered_as_a_collection(
+        db_url: str) -> None:
+    """A part payment of an invoice is a collection (payment.confirmed, 91001) that may
+    name the Invoicing service and carry the invoice block: it is recovered as one."""
+    state = CountingState()
+    state.record_general(body(
+        "payment.confirmed", 91001, reference="PP-1", amount=1500, service="Invoicing",
+        status="PARTIAL", invoice={**INVOICE, "amountPaid": 1500, "amountDue": 48500}))
+    expect(db_url, "PP-1", "collection", 1500)
+    with running_sandbox(state=state) as api:
+        result = reconcile(db_url, api.url)
+    assert result.recovered == ["PP-1"]
+    assert rows(db_url, "SELECT reference, outcome, amount, recovered FROM hookledger.payments"
+                ) == [("PP-1", "success", Decimal(1500), True)]
 
 
 def test_a_recovery_is_filed_under_the_reference_asked_whatever_the_provider_spells(
