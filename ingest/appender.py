@@ -115,12 +115,11 @@ class BatchingAppender:
             # the writer cannot encode: a bug, but one event's). Either way one bad event
             # must not sink the others, which the general system would never send again:
             # retry each on its own, and fail only the one that fails alone.
-            if len(batch) > 1:
-                for item in batch:
-                    await self._commit([item])
-                return
             if not isinstance(exc, LedgerError):
-                log.exception("appender.event_failed")
+                log.exception("appender.event_failed", events=len(batch))
+            if len(batch) > 1:
+                await self._one_by_one(batch)
+                return
             _settle(batch[0][1], exc=LedgerError(f"the ledger refused this event: {exc}"))
             return
         self.batches += 1
@@ -128,7 +127,25 @@ class BatchingAppender:
         for (_, future), result in zip(batch, results, strict=True):
             _settle(future, result=result)
         if self._on_batch is not None:  # after the answers: they are committed whatever it does
-            self._on_batch(len(batch))
+            try:
+                self._on_batch(len(batch))
+            except Exception:
+                log.exception("appender.on_batch_failed")
+
+    async def _one_by_one(self, batch: list[tuple[NewEvent, asyncio.Future[AppendResult]]]
+                          ) -> None:
+        """Each event of a failed batch on its own: whatever one of them meets, the rest are
+        still tried, and a cancellation answers every one not yet answered."""
+        for index, item in enumerate(batch):
+            try:
+                await self._commit([item])
+            except asyncio.CancelledError:
+                for _, future in batch[index:]:
+                    _settle(future, exc=LedgerUnavailable("append cancelled"))
+                raise
+            except Exception:
+                _settle(item[1], exc=LedgerUnavailable("append failed"))
+                log.exception("appender.flush_failed", events=1)
 
     async def _to_spool(self, batch: list[tuple[NewEvent, asyncio.Future[AppendResult]]]
                         ) -> None:

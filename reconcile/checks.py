@@ -114,7 +114,10 @@ def decide(local: Local, lookup: Lookup, *, now: datetime, window: timedelta) ->
     if other is not None:
         # Another kind's record under this reference: nothing of it is this subject's state
         # or money. Its facts carry no provider_outcome, so no webhook settles this by
-        # happening to agree with that other record: a person looks.
+        # happening to agree with that other record, and no provider_code, whose retry
+        # advice (in reports) would be the other record's. Settled: asking again on a
+        # timer would learn nothing and re-open it each time a person resolves it; the
+        # subject is asked again when its projection changes.
         found.append(Detection(
             "status_mismatch",
             f"the provider's record of {local.reference} is not a {local.subject} "
@@ -122,8 +125,8 @@ def decide(local: Local, lookup: Lookup, *, now: datetime, window: timedelta) ->
             _risk(local.amount, local.expected_amount),
             {"provider_record_kind": other, "provider_event": record.event,
              "provider_service": record.service, "provider_type": record.type,
-             "provider_code": record.code}))
-        return _verdict("mismatch", None, found, resolve, open_kinds, settled=False)
+             "provider_record_code": record.code}))
+        return _verdict("mismatch", None, found, resolve, open_kinds, settled=True)
     if not record.terminal:
         if overdue and local.outcome in TERMINAL:
             # our webhooks call it final and the provider does not: a state that no later

@@ -32,19 +32,19 @@ DEFAULT_PATHS: dict[str, str] = {
     "timestamp": "timestamp",
 }
 
-# Which kinds of record each field allows, by the spec's event table, its ``service``
-# values, the service digit S of a 9SOO code, and ``type`` (CHARGE or PAYOUT). A part
-# payment against an invoice is a collection (``payment.confirmed``, code 91001) that may
-# well name the Invoicing service: that service allows a collection too.
-KINDS_OF_EVENT_FAMILY: dict[str, frozenset[str]] = {
-    "payment": frozenset({"collection"}), "payout": frozenset({"payout"}),
-    "invoice": frozenset({"invoice"}), "sms": frozenset({"sms"})}
-KINDS_OF_CODE_SERVICE: dict[int, frozenset[str]] = {
-    1: frozenset({"collection"}), 2: frozenset({"payout"}), 3: frozenset({"invoice"}),
-    4: frozenset({"sms"}), 5: frozenset({"chat"})}
+# Which kinds of record each field allows, by the spec's event table, the service digit S
+# of a 9SOO code, its ``service`` values, and ``type`` (CHARGE or PAYOUT). The event and the
+# code name one kind each; ``service`` and ``type`` are looser (a part payment against an
+# invoice is a collection that may name the Invoicing service, and what ``type`` a refund's
+# record carries the spec does not say), so they are read only when neither event nor code
+# is there, and then Invoicing is an invoice: nothing else can tell.
+KINDS_OF_EVENT_FAMILY: dict[str, str] = {
+    "payment": "collection", "payout": "payout", "invoice": "invoice", "sms": "sms"}
+KINDS_OF_CODE_SERVICE: dict[int, str] = {
+    1: "collection", 2: "payout", 3: "invoice", 4: "sms", 5: "chat"}
 KINDS_OF_SERVICE: dict[str, frozenset[str]] = {
     "collection": frozenset({"collection"}), "disbursement": frozenset({"payout"}),
-    "invoicing": frozenset({"invoice", "collection"}), "bulk sms": frozenset({"sms"})}
+    "invoicing": frozenset({"invoice"}), "bulk sms": frozenset({"sms"})}
 KINDS_OF_TYPE: dict[str, frozenset[str]] = {
     "PAYOUT": frozenset({"payout"}), "CHARGE": frozenset({"collection", "invoice", "sms"})}
 
@@ -82,17 +82,19 @@ class ProviderRecord:
         invoice's number, an SMS id or a payout's reference asked about as a collection
         comes back as that other record; recovered, its state and amount would land in the
         wrong projection. A field that is absent, or holds a value no rule knows, says
-        nothing."""
+        nothing; the event and the code, when either is there, speak for the record (and
+        must agree), otherwise ``service`` and ``type`` do."""
         family = (self.event or "").partition(".")[0]
-        service_digit = self.code // 1000 % 10 if self.code and 90000 <= self.code <= 99999 \
-            else None
-        claims = [
-            ("event", self.event, KINDS_OF_EVENT_FAMILY.get(family)),
-            ("code", self.code, KINDS_OF_CODE_SERVICE.get(service_digit or 0)),
+        digit = self.code // 1000 % 10 if self.code and 90000 <= self.code <= 99999 else 0
+        named = [("event", self.event, KINDS_OF_EVENT_FAMILY.get(family)),
+                 ("code", self.code, KINDS_OF_CODE_SERVICE.get(digit))]
+        strong: list[tuple[str, object, frozenset[str] | None]] = [
+            (field, value, frozenset({kind})) for field, value, kind in named
+            if kind is not None]
+        claims = strong or [
             ("service", self.service,
              KINDS_OF_SERVICE.get((self.service or "").strip().casefold())),
-            ("type", self.type, KINDS_OF_TYPE.get((self.type or "").strip().upper())),
-        ]
+            ("type", self.type, KINDS_OF_TYPE.get((self.type or "").strip().upper()))]
         for field, value, kinds in claims:
             if kinds is not None and subject not in kinds:
                 return f"its {field} {value} is of {' or '.join(sorted(kinds))}"
@@ -125,6 +127,13 @@ def record_outcome(event: str | None, code: int | None, status: str | None) -> O
     if word in FAILURE_STATUSES:
         return "failure"
     return "pending"
+
+
+def _word(data: Mapping[str, Any], path: str) -> str | None:
+    """A field read only as a hint (``type``): text, or None whatever else it holds, so a
+    provider that puts something else there loses the hint, not every lookup."""
+    value = dig(data, path)
+    return value if isinstance(value, str) else None
 
 
 def dig(data: Mapping[str, Any], path: str) -> Any:
@@ -186,4 +195,5 @@ class RecordMapping:
             reference=answered or reference, status=text("status"), amount=amount,
             event=text("event"), code=code_raw, customer_reference=text("customer_reference"),
             transaction_id=None if transaction_id in (None, "", "-1") else transaction_id,
-            service=text("service"), timestamp=text("timestamp"), type=text("type"))
+            service=text("service"), timestamp=text("timestamp"),
+            type=_word(data, self.paths["type"]))

@@ -61,7 +61,9 @@ ACTIONS = {
                        "check why the receiver missed it (outage, deploy, network).",
     "status_mismatch": "Webhooks and the provider disagree. The provider's record is "
                        "authoritative: check whether goods were released or money moved, "
-                       "and ask the provider's support if it stays.",
+                       "and ask the provider's support if it stays. Where the detail says "
+                       "the record is of another kind, check what the reference was "
+                       "registered or delivered as: nothing was recovered.",
     "amount_mismatch": "The amount differs. For a part payment compare with the amount "
                        "requested and collect the rest or refund; otherwise check the order.",
     "unresolved": "Not final after the 90 s window: it will not resolve on its own. Tell "

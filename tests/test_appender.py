@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import replace
 
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from ingest.appender import BatchingAppender
-from ledger import AppendResult, LedgerError, LedgerStore, LedgerUnavailable
+from ledger import AppendResult, LedgerError, LedgerStore, LedgerUnavailable, NewEvent
 from tests.projection_events import new_event
 
 EVENTS = [new_event("payment.confirmed", 91000, reference=f"G-{i}") for i in range(50)]
@@ -106,3 +107,59 @@ async def test_an_event_the_writer_cannot_encode_fails_alone(pool: AsyncConnecti
     assert all(isinstance(r, AppendResult) and not r.duplicate for r in answered)
     assert not later.duplicate
     assert await stored_keys(pool) == [k for i, k in enumerate(KEYS[:11]) if i != 5]
+
+
+@pytest.mark.anyio
+async def test_a_failure_while_retrying_one_by_one_stops_neither_the_rest_nor_their_answers(
+        pool: AsyncConnectionPool) -> None:
+    """A batch failing over one bad event is retried event by event. A bug met on the way
+    (here the batch-size metric, failing every time) must not leave the later events of
+    that batch untried and answered 503: the general system would never resend them."""
+    poison = replace(EVENTS[2], facts={**EVENTS[2].facts, "oops": object()})
+
+    def metric_always_failing(size: int) -> None:
+        raise RuntimeError("a bug in a metric")
+
+    appender = BatchingAppender(LedgerStore(pool).append, on_batch=metric_always_failing)
+    appender.start()
+    first = asyncio.create_task(appender.append(EVENTS[0]))
+    await asyncio.sleep(0)
+    rest = [asyncio.create_task(appender.append(e))
+            for e in [EVENTS[1], poison, *EVENTS[3:6]]]
+    done = await asyncio.gather(first, *rest, return_exceptions=True)
+    await appender.close()
+    assert isinstance(done[2], LedgerError) and not isinstance(done[2], LedgerUnavailable)
+    assert all(isinstance(r, AppendResult) for i, r in enumerate(done) if i != 2), done
+    assert await stored_keys(pool) == [KEYS[0], KEYS[1], *KEYS[3:6]]
+
+
+@pytest.mark.anyio
+async def test_cancelling_the_appender_while_it_retries_one_by_one_answers_every_caller(
+        pool: AsyncConnectionPool) -> None:
+    """Stopping the process mid-retry must not leave callers waiting for ever: each one not
+    answered yet hears that its event was not appended."""
+    store = LedgerStore(pool)
+    retrying = asyncio.Event()
+    held = asyncio.Event()
+
+    async def append_many(events: Sequence[NewEvent]) -> list[AppendResult]:
+        if len(events) == 1 and events[0].dedupe_key == KEYS[3]:
+            retrying.set()  # the one-by-one retry reached the fourth event
+            await held.wait()  # and stays there until the appender is cancelled
+        return await store.append(events)
+
+    poison = replace(EVENTS[1], facts={**EVENTS[1].facts, "oops": object()})
+    appender = BatchingAppender(append_many)
+    appender.start()
+    first = asyncio.create_task(appender.append(EVENTS[0]))
+    await asyncio.sleep(0)
+    rest = [asyncio.create_task(appender.append(e)) for e in [poison, *EVENTS[2:6]]]
+    await asyncio.wait_for(retrying.wait(), timeout=10)
+    assert appender._task is not None
+    appender._task.cancel()
+    done = await asyncio.wait_for(asyncio.gather(first, *rest, return_exceptions=True),
+                                  timeout=10)
+    assert isinstance(done[0], AppendResult) and isinstance(done[2], AppendResult)
+    assert isinstance(done[1], LedgerError)  # the poison, refused alone
+    assert all(isinstance(r, LedgerUnavailable) for r in done[3:]), done
+    assert await stored_keys(pool) == [KEYS[0], KEYS[2]]

@@ -339,10 +339,20 @@ def test_a_stop_asked_before_the_projector_threads_loop_exists_is_not_lost(
 
 
 def test_a_projector_thread_stopped_mid_catch_up_ends_at_a_batch_and_its_successor_resumes(
-        db_url: str) -> None:
+        db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """``serve`` stopping while its projector thread works through a backlog: the thread
     ends promptly, every batch it counted is committed with the checkpoint past it and no
     half batch is seen, and the next projector folds the rest, each event exactly once."""
+    real_batch = project_batch
+
+    async def unhurried_batch(*args: Any, **kwargs: Any) -> int:
+        """The real batch, then a pause: the backlog lasts seconds rather than the fraction
+        of one a fast machine needs, so the stop always lands in the middle of it."""
+        applied = await real_batch(*args, **kwargs)
+        await asyncio.sleep(0.05)
+        return applied
+
+    monkeypatch.setattr("projections.live.project_batch", unhurried_batch)
     events = mixed_events(600, seed=21)
     asyncio.run(append_all(db_url, events, chunk=200))
     with psycopg.connect(db_url) as conn:

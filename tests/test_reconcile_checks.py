@@ -155,9 +155,14 @@ def kinded(event: str | None = None, code: int | None = None, service: str | Non
      "payout", None),
     ({"event": "payout.failed", "code": 92055, "service": "Disbursement", "type_": "PAYOUT"},
      "collection", "event"),
-    # a part payment against an invoice is a collection that may name Invoicing
+    # a part payment against an invoice is a collection that may name Invoicing: the event
+    # and the code speak for a record, service and type only without them
     ({"event": "payment.confirmed", "code": 91001, "service": "Invoicing", "type_": "CHARGE"},
      "collection", None),
+    ({"event": "payment.refunded", "code": 91010, "type_": "PAYOUT"}, "collection", None),
+    ({"code": 92050, "service": "Collection"}, "payout", None),
+    # without them, Invoicing is an invoice: nothing else could tell its total from a payment
+    ({"service": "Invoicing", "type_": "CHARGE"}, "collection", "service"),
     ({"event": "invoice.paid", "code": 93002, "service": "Invoicing"}, "collection", "event"),
     ({"event": "sms.delivered", "code": 94000, "service": "Bulk SMS"}, "collection", "event"),
     # each field on its own, as a provider whose records hold only some of them
@@ -185,7 +190,7 @@ def test_a_record_says_which_kind_it_is_by_any_field_that_can_tell(
 
 KIND_FIELDS = {
     "collection": {"event": ["payment.confirmed", "payment.failed", "payment.refunded"],
-                   "code": [91000, 91001, 91010, 91050], "service": ["Collection", "Invoicing"],
+                   "code": [91000, 91001, 91010, 91050], "service": ["Collection"],
                    "type_": ["CHARGE"]},
     "payout": {"event": ["payout.approved", "payout.confirmed", "payout.failed"],
                "code": [92000, 92002, 92050], "service": ["Disbursement"],
@@ -210,10 +215,20 @@ def test_a_record_of_another_kind_is_never_recovered_and_no_webhook_settles_it()
     collection_record = kinded("payment.confirmed", 91000, "Collection", "CHARGE")
     local = Local("payout", "R", "pending", "APPROVED", Decimal(100), since=NOW - WINDOW * 2)
     verdict = decide(local, Lookup("R", "found", collection_record), now=NOW, window=WINDOW)
-    assert verdict.recover is None and verdict.result == "mismatch" and not verdict.settled
+    # settled: nothing is learnt by asking again until the payout's projection changes
+    assert verdict.recover is None and verdict.result == "mismatch" and verdict.settled
     [found] = verdict.detect
     assert found.kind == "status_mismatch" and "is not a payout" in found.detail
     assert found.amount_at_risk == Decimal(100)
     for outcome in ("success", "failure", "pending"):  # whatever the payout's webhooks say
         assert settle(found.kind, found.facts, {"outcome": outcome, "amount": Decimal(100),
                                                 "recovered": False}) is None
+
+
+def test_a_type_that_is_not_text_loses_the_hint_not_the_lookup() -> None:
+    """``type`` is read only as a hint of the record's kind: a provider that puts an object
+    there must not make every lookup a mapping error."""
+    data = {"reference": "R", "status": "SUCCESSFUL", "amount": 100, "type": {"mode": "x"}}
+    read = RecordMapping.create().read(data, "R")
+    assert read.type is None and read.outcome == "success"
+    assert RecordMapping.create().read({**data, "type": "PAYOUT"}, "R").type == "PAYOUT"

@@ -10,15 +10,19 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
+from ledger import NewEvent
 from reconcile import runner
+from reconcile.findings import manual_resolution
 from sandbox.faults import FaultSettings
 from sandbox.runner import running_sandbox
 from tests.general_events import INVOICE
 from tests.reconcile_helpers import (
     CountingState,
+    append,
     body,
     deliver,
     expect,
+    project,
     reconcile,
     rows,
 )
@@ -261,8 +265,7 @@ def test_a_record_of_another_kind_is_reported_never_recovered_as_the_kind_asked(
     expect(db_url, "K-1", kind, 1500)
     with running_sandbox(state=state) as api:
         result = reconcile(db_url, api.url)
-        again = reconcile(db_url, api.url, recheck_age=timedelta(0))  # no settling, no twin
-    assert result.recovered == [] and again.recovered == [] and result.errors == {}
+    assert result.recovered == [] and result.errors == {}
     assert rows(db_url, "SELECT count(*) FROM hookledger.ledger "
                         "WHERE event_type = 'reconcile.recovered'") == [(0,)]
     assert rows(db_url, "SELECT (SELECT count(*) FROM hookledger.payments) "
@@ -270,6 +273,33 @@ def test_a_record_of_another_kind_is_reported_never_recovered_as_the_kind_asked(
     assert discrepancies(db_url) == [("status_mismatch", kind, "K-1", Decimal(1500))]
     [(detail,)] = rows(db_url, "SELECT detail FROM hookledger.discrepancies")
     assert f"is not a {kind}" in detail and "nothing recovered" in detail
+
+
+def test_a_person_resolving_an_other_kind_mismatch_is_not_reopened_by_later_passes(
+        db_url: str) -> None:
+    """Asking the provider again on a timer would learn nothing new and re-open what a
+    person closed: the subject is asked again only when its projection changes."""
+    state = CountingState()
+    state.record_general(body("payment.confirmed", 91000, reference="K-9", amount=700))
+    expect(db_url, "K-9", "payout", 700)
+    no_backoff = {"retry_base": timedelta(0), "retry_cap": timedelta(0)}
+    with running_sandbox(state=state) as api:
+        reconcile(db_url, api.url, **no_backoff)
+        [(found, subject)] = rows(db_url, "SELECT id, subject FROM hookledger.discrepancies "
+                                          "WHERE status = 'open'")
+        asyncio.run(append_and_project(db_url, [manual_resolution(
+            found, subject, "K-9", "registered as a payout by mistake", datetime.now(UTC))]))
+        # every backoff over at once: only a settled check keeps it from being asked again
+        later = reconcile(db_url, api.url, **no_backoff)
+    assert later.checked == 0 and state.asked["K-9"] == 1
+    assert discrepancies(db_url) == []
+    assert discrepancies(db_url, "resolved") == [("status_mismatch", "payout", "K-9",
+                                                  Decimal(700))]
+
+
+async def append_and_project(url: str, events: list[NewEvent]) -> None:
+    await append(url, events)
+    await project(url)
 
 
 def test_a_pending_payout_is_not_completed_by_a_collections_record(db_url: str) -> None:
