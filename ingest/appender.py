@@ -56,7 +56,7 @@ class BatchingAppender:
             await self._task
 
     async def append(self, event: NewEvent) -> AppendResult:
-        if self._closing or self._task is None:
+        if self._closing or self._task is None or self._task.done():
             raise LedgerUnavailable("the appender is not running")
         future: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
         self._queue.append((event, future))
@@ -67,17 +67,23 @@ class BatchingAppender:
         return await future
 
     async def _run(self) -> None:
-        while True:
-            await self._wakeup.wait()
-            self._wakeup.clear()
-            if self._max_wait_s and 0 < len(self._queue) < self._max_batch:
-                await asyncio.sleep(self._max_wait_s)
-            while self._queue:
-                batch = self._queue[: self._max_batch]
-                del self._queue[: self._max_batch]
-                await self._flush(batch)
-            if self._closing:
-                return
+        try:
+            while True:
+                await self._wakeup.wait()
+                self._wakeup.clear()
+                if self._max_wait_s and 0 < len(self._queue) < self._max_batch:
+                    await asyncio.sleep(self._max_wait_s)
+                while self._queue:
+                    batch = self._queue[: self._max_batch]
+                    del self._queue[: self._max_batch]
+                    await self._flush(batch)
+                if self._closing:
+                    return
+        finally:
+            # cancelled (or worse): whoever is still queued would otherwise wait for ever
+            for _, future in self._queue:
+                _settle(future, exc=LedgerUnavailable("the appender stopped"))
+            self._queue.clear()
 
     async def _flush(self, batch: list[tuple[NewEvent, asyncio.Future[AppendResult]]]) -> None:
         """Commit one batch and answer its callers, whatever goes wrong on the way: an
@@ -85,6 +91,10 @@ class BatchingAppender:
         would wait for an answer that never comes."""
         try:
             await self._commit(batch)
+        except asyncio.CancelledError:  # e.g. in the spool's write
+            for _, future in batch:
+                _settle(future, exc=LedgerUnavailable("append cancelled"))
+            raise
         except Exception:
             for _, future in batch:
                 _settle(future, exc=LedgerUnavailable("append failed"))

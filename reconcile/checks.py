@@ -60,6 +60,9 @@ class Local:
     since: datetime | None = None  # initiated (expectation) or last change
     expected_amount: Decimal | None = None
     open: tuple[OpenDiscrepancy, ...] = ()
+    # the kinds of other records under this reference that a resolved status_mismatch
+    # already reported (a person looked): not reported again while the record stays one
+    looked_at_kinds: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,18 +118,19 @@ def decide(local: Local, lookup: Lookup, *, now: datetime, window: timedelta) ->
         # Another kind's record under this reference: nothing of it is this subject's state
         # or money. Its facts carry no provider_outcome, so no webhook settles this by
         # happening to agree with that other record, and no provider_code, whose retry
-        # advice (in reports) would be the other record's. Settled: asking again on a
-        # timer would learn nothing and re-open it each time a person resolves it; the
-        # subject is asked again when its projection changes.
-        found.append(Detection(
-            "status_mismatch",
-            f"the provider's record of {local.reference} is not a {local.subject} "
-            f"({other}); nothing recovered, to be checked by a person",
-            _risk(local.amount, local.expected_amount),
-            {"provider_record_kind": other, "provider_event": record.event,
-             "provider_service": record.service, "provider_type": record.type,
-             "provider_record_code": record.code}))
-        return _verdict("mismatch", None, found, resolve, open_kinds, settled=True)
+        # advice (in reports) would be the other record's. Not settled: the record may yet
+        # become this subject's (the payment made, its webhook lost), so it is asked about
+        # again after the backoff; once resolved, the same other kind is not reported again.
+        if other.kinds_text not in local.looked_at_kinds:
+            found.append(Detection(
+                "status_mismatch",
+                f"the provider's record of {local.reference} is not a {local.subject} "
+                f"({other}); nothing recovered, to be checked by a person",
+                _risk(local.amount, local.expected_amount),
+                {"provider_record_kind": str(other), "provider_kinds": other.kinds_text,
+                 "provider_event": record.event, "provider_service": record.service,
+                 "provider_type": record.type, "provider_record_code": record.code}))
+        return _verdict("mismatch", None, found, resolve, open_kinds, settled=False)
     if not record.terminal:
         if overdue and local.outcome in TERMINAL:
             # our webhooks call it final and the provider does not: a state that no later

@@ -39,7 +39,8 @@ DEFAULT_PATHS: dict[str, str] = {
 # record carries the spec does not say), so they are read only when neither event nor code
 # is there, and then Invoicing is an invoice: nothing else can tell.
 KINDS_OF_EVENT_FAMILY: dict[str, str] = {
-    "payment": "collection", "payout": "payout", "invoice": "invoice", "sms": "sms"}
+    "payment": "collection", "payout": "payout", "invoice": "invoice", "sms": "sms",
+    "chat": "chat"}
 KINDS_OF_CODE_SERVICE: dict[int, str] = {
     1: "collection", 2: "payout", 3: "invoice", 4: "sms", 5: "chat"}
 KINDS_OF_SERVICE: dict[str, frozenset[str]] = {
@@ -51,6 +52,22 @@ KINDS_OF_TYPE: dict[str, frozenset[str]] = {
 SUCCESS_STATUSES = frozenset({"SUCCESSFUL", "SUCCESS", "PAID", "PARTIAL", "COMPLETED"})
 FAILURE_STATUSES = frozenset({"FAILED", "REJECTED", "CANCELLED", "USER_REJECTED", "EXPIRED"})
 REFUND_STATUSES = frozenset({"REFUNDED", "REVERSED"})
+
+
+@dataclass(frozen=True, slots=True)
+class KindClaim:
+    """A field of a provider record saying which kinds of record it can be."""
+
+    field: str
+    value: object
+    kinds: frozenset[str]
+
+    @property
+    def kinds_text(self) -> str:
+        return " or ".join(sorted(self.kinds))
+
+    def __str__(self) -> str:
+        return f"its {self.field} {self.value} is of {self.kinds_text}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,15 +93,15 @@ class ProviderRecord:
     def terminal(self) -> bool:
         return self.outcome in TERMINAL
 
-    def not_a(self, subject: str) -> str | None:
-        """Which field says this record is not a ``subject`` (a collection, a payout), or
-        None. The reference API answers every kind of record at one address, so an
+    def not_a(self, subject: str) -> KindClaim | None:
+        """The field that says this record is not a ``subject`` (a collection, a payout),
+        or None. The reference API answers every kind of record at one address, so an
         invoice's number, an SMS id or a payout's reference asked about as a collection
         comes back as that other record; recovered, its state and amount would land in the
         wrong projection. A field that is absent, or holds a value no rule knows, says
         nothing; the event and the code, when either is there, speak for the record (and
         must agree), otherwise ``service`` and ``type`` do."""
-        family = (self.event or "").partition(".")[0]
+        family = (self.event or "").partition(".")[0].strip().casefold()
         digit = self.code // 1000 % 10 if self.code and 90000 <= self.code <= 99999 else 0
         named = [("event", self.event, KINDS_OF_EVENT_FAMILY.get(family)),
                  ("code", self.code, KINDS_OF_CODE_SERVICE.get(digit))]
@@ -97,7 +114,7 @@ class ProviderRecord:
             ("type", self.type, KINDS_OF_TYPE.get((self.type or "").strip().upper()))]
         for field, value, kinds in claims:
             if kinds is not None and subject not in kinds:
-                return f"its {field} {value} is of {' or '.join(sorted(kinds))}"
+                return KindClaim(field, value, kinds)
         return None
 
     def as_json(self) -> dict[str, Any]:

@@ -134,6 +134,14 @@ async def local_views(conn: Connection, subjects: Sequence[Due]
         for found in await cur.fetchall():
             opened.setdefault((found["subject"], found["reference"]), []).append(
                 OpenDiscrepancy(found["id"], found["kind"], found["facts"] or {}))
+        await cur.execute(
+            "SELECT subject, reference, facts->>'provider_kinds' AS kinds "
+            "FROM hookledger_private.discrepancies WHERE status = 'resolved' "
+            "AND kind = 'status_mismatch' AND facts ? 'provider_kinds' "
+            "AND reference = ANY(%s)", ([d.reference for d in subjects],))
+        looked_at: dict[tuple[str, str], set[str]] = {}
+        for seen in await cur.fetchall():
+            looked_at.setdefault((seen["subject"], seen["reference"]), set()).add(seen["kinds"])
     views: dict[tuple[str, str], Local] = {}
     positions: dict[tuple[str, str], int] = {}
     for d in subjects:
@@ -148,7 +156,8 @@ async def local_views(conn: Connection, subjects: Sequence[Due]
             amount=Decimal(row["amount"]) if row and row["amount"] is not None else None,
             recovered=bool(row["recovered"]) if row else False, since=since,
             expected_amount=Decimal(exp["amount"]) if exp else None,
-            open=tuple(opened.get(key, ())))
+            open=tuple(opened.get(key, ())),
+            looked_at_kinds=frozenset(looked_at.get(key, ())))
         positions[key] = int(row["last_position"]) if row else 0
     return views, positions
 

@@ -163,3 +163,33 @@ async def test_cancelling_the_appender_while_it_retries_one_by_one_answers_every
     assert isinstance(done[1], LedgerError)  # the poison, refused alone
     assert all(isinstance(r, LedgerUnavailable) for r in done[3:]), done
     assert await stored_keys(pool) == [KEYS[0], KEYS[2]]
+
+
+@pytest.mark.anyio
+async def test_callers_queued_when_the_appender_stops_are_answered_and_later_ones_refused(
+        pool: AsyncConnectionPool) -> None:
+    """Cancelled with a batch in flight and more queued behind it: the queued callers hear
+    their events were not appended, and a delivery arriving after that is refused at once
+    rather than queued for a task that is gone."""
+    store = LedgerStore(pool)
+    in_flight = asyncio.Event()
+
+    async def append_many(events: Sequence[NewEvent]) -> list[AppendResult]:
+        in_flight.set()
+        await asyncio.sleep(3600)  # a commit that never comes back
+        return await store.append(events)
+
+    appender = BatchingAppender(append_many)
+    appender.start()
+    first = asyncio.create_task(appender.append(EVENTS[0]))
+    await asyncio.wait_for(in_flight.wait(), timeout=10)
+    queued = [asyncio.create_task(appender.append(e)) for e in EVENTS[1:4]]
+    await asyncio.sleep(0)
+    assert appender._task is not None
+    appender._task.cancel()
+    done = await asyncio.wait_for(asyncio.gather(first, *queued, return_exceptions=True),
+                                  timeout=10)
+    assert all(isinstance(r, LedgerUnavailable) for r in done), done
+    with pytest.raises(LedgerUnavailable):
+        await asyncio.wait_for(appender.append(EVENTS[4]), timeout=1)
+    assert await stored_keys(pool) == []

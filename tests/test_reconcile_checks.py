@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -176,6 +177,9 @@ def kinded(event: str | None = None, code: int | None = None, service: str | Non
     ({"type_": "DISBURSEMENT", "service": "Wallet", "event": "transfer.done", "code": 12345},
      "collection", None),
     ({}, "payout", None),
+    # a chat record carries no code; an event name in capitals is the same event
+    ({"event": "chat.message.failed"}, "collection", "event"),
+    ({"event": "PAYOUT.CONFIRMED", "service": "Collection"}, "collection", "event"),
     # the fields disagreeing among themselves: not this kind either way
     ({"event": "payment.confirmed", "code": 92000}, "collection", "code"),
 ])
@@ -185,7 +189,8 @@ def test_a_record_says_which_kind_it_is_by_any_field_that_can_tell(
     if told_by is None:
         assert said is None
     else:
-        assert said is not None and said.startswith(f"its {told_by} ")
+        assert said is not None and said.field == told_by
+        assert str(said).startswith(f"its {told_by} ") and subject not in said.kinds
 
 
 KIND_FIELDS = {
@@ -215,14 +220,23 @@ def test_a_record_of_another_kind_is_never_recovered_and_no_webhook_settles_it()
     collection_record = kinded("payment.confirmed", 91000, "Collection", "CHARGE")
     local = Local("payout", "R", "pending", "APPROVED", Decimal(100), since=NOW - WINDOW * 2)
     verdict = decide(local, Lookup("R", "found", collection_record), now=NOW, window=WINDOW)
-    # settled: nothing is learnt by asking again until the payout's projection changes
-    assert verdict.recover is None and verdict.result == "mismatch" and verdict.settled
+    # not settled: the record may yet become the payout's, its webhook lost, so it is asked
+    # about again after the backoff
+    assert verdict.recover is None and verdict.result == "mismatch" and not verdict.settled
     [found] = verdict.detect
     assert found.kind == "status_mismatch" and "is not a payout" in found.detail
     assert found.amount_at_risk == Decimal(100)
     for outcome in ("success", "failure", "pending"):  # whatever the payout's webhooks say
         assert settle(found.kind, found.facts, {"outcome": outcome, "amount": Decimal(100),
                                                 "recovered": False}) is None
+    # once a person resolved it, the same other kind is not reported again
+    looked_at = dataclasses.replace(local, looked_at_kinds=frozenset({"collection"}))
+    again = decide(looked_at, Lookup("R", "found", collection_record), now=NOW, window=WINDOW)
+    assert again.detect == () and again.recover is None and not again.settled
+    # another kind of record under the reference is news, and is reported
+    sms_record = kinded("sms.delivered", 94000, "Bulk SMS")
+    other = decide(looked_at, Lookup("R", "found", sms_record), now=NOW, window=WINDOW)
+    assert [d.kind for d in other.detect] == ["status_mismatch"]
 
 
 def test_a_type_that_is_not_text_loses_the_hint_not_the_lookup() -> None:

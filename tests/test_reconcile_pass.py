@@ -277,24 +277,47 @@ def test_a_record_of_another_kind_is_reported_never_recovered_as_the_kind_asked(
 
 def test_a_person_resolving_an_other_kind_mismatch_is_not_reopened_by_later_passes(
         db_url: str) -> None:
-    """Asking the provider again on a timer would learn nothing new and re-open what a
-    person closed: the subject is asked again only when its projection changes."""
+    """The subject is still asked about after its backoff (the record may yet become the
+    payout's), but the same other kind of record is not reported again once a person has
+    looked at it."""
     state = CountingState()
     state.record_general(body("payment.confirmed", 91000, reference="K-9", amount=700))
     expect(db_url, "K-9", "payout", 700)
-    no_backoff = {"retry_base": timedelta(0), "retry_cap": timedelta(0)}
+    no_backoff = {"retry_base": timedelta(0), "retry_cap": timedelta(0), "max_subjects": 1}
     with running_sandbox(state=state) as api:
         reconcile(db_url, api.url, **no_backoff)
         [(found, subject)] = rows(db_url, "SELECT id, subject FROM hookledger.discrepancies "
                                           "WHERE status = 'open'")
         asyncio.run(append_and_project(db_url, [manual_resolution(
             found, subject, "K-9", "registered as a payout by mistake", datetime.now(UTC))]))
-        # every backoff over at once: only a settled check keeps it from being asked again
         later = reconcile(db_url, api.url, **no_backoff)
-    assert later.checked == 0 and state.asked["K-9"] == 1
+    assert later.checked == 1 and state.asked["K-9"] == 2 and later.detected == []
     assert discrepancies(db_url) == []
     assert discrepancies(db_url, "resolved") == [("status_mismatch", "payout", "K-9",
                                                   Decimal(700))]
+
+
+def test_a_payment_whose_record_was_an_invoice_at_first_is_recovered_once_it_is_paid(
+        db_url: str) -> None:
+    """Asked about too early, the reference answered with another kind's record; later the
+    provider's record is the payment, whose webhook was lost. It is recovered, and the
+    mismatch resolved by that check."""
+    state = CountingState()
+    state.record_general(body("invoice.created", 93000, reference="K-3", amount=5000,
+                              service="Invoicing",
+                              invoice={**INVOICE, "invoiceNo": "K-3", "total": 5000}))
+    expect(db_url, "K-3", "collection", 5000)
+    no_backoff = {"retry_base": timedelta(0), "retry_cap": timedelta(0), "max_subjects": 1}
+    with running_sandbox(state=state) as api:
+        first = reconcile(db_url, api.url, **no_backoff)
+        state.record_general(body("payment.confirmed", 91000, reference="K-3", amount=5000))
+        later = reconcile(db_url, api.url, **no_backoff)
+    assert first.recovered == [] and later.recovered == ["K-3"]
+    assert rows(db_url, "SELECT outcome, amount, recovered FROM hookledger.payments") == [
+        ("success", Decimal(5000), True)]
+    assert ("status_mismatch", "collection", "K-3", Decimal(5000)) in discrepancies(
+        db_url, "resolved")
+    assert discrepancies(db_url) == [("missing_webhook", "collection", "K-3", Decimal(5000))]
 
 
 async def append_and_project(url: str, events: list[NewEvent]) -> None:
