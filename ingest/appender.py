@@ -116,10 +116,7 @@ class BatchingAppender:
             for _, future in batch:
                 _settle(future, exc=exc)
             return
-        except asyncio.CancelledError:
-            for _, future in batch:
-                _settle(future, exc=LedgerUnavailable("append cancelled"))
-            raise
+        # (a cancellation passes on: _flush and _one_by_one answer the batch's callers)
         except Exception as exc:  # LedgerError included
             # The database refused the batch, or writing it failed in this process (a value
             # the writer cannot encode: a bug, but one event's). Either way one bad event

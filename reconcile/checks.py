@@ -112,7 +112,6 @@ def decide(local: Local, lookup: Lookup, *, now: datetime, window: timedelta) ->
     record = lookup.record
     resolve += [(d.id, "the provider now knows the reference") for d in local.open
                 if d.kind == "unknown_at_provider"]
-    facts = _provider_facts(record)
     other = record.not_a(local.subject)
     if other is not None:
         # Another kind's record under this reference: nothing of it is this subject's state
@@ -131,6 +130,7 @@ def decide(local: Local, lookup: Lookup, *, now: datetime, window: timedelta) ->
                  "provider_event": record.event, "provider_service": record.service,
                  "provider_type": record.type, "provider_record_code": record.code}))
         return _verdict("mismatch", None, found, resolve, open_kinds, settled=False)
+    facts = _provider_facts(record)
     if not record.terminal:
         if overdue and local.outcome in TERMINAL:
             # our webhooks call it final and the provider does not: a state that no later

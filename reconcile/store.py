@@ -127,21 +127,21 @@ async def local_views(conn: Connection, subjects: Sequence[Due]
             "SELECT reference, kind, amount, initiated_at FROM hookledger_private.expectations "
             "WHERE reference = ANY(%s)", ([d.reference for d in subjects],))
         expected = {(r["kind"], r["reference"]): r for r in await cur.fetchall()}
+        # the open findings, and the other kinds of record a resolved one already reported
         await cur.execute(
-            "SELECT id, kind, subject, reference, facts FROM hookledger_private.discrepancies "
-            "WHERE status = 'open' AND reference = ANY(%s)", ([d.reference for d in subjects],))
+            "SELECT id, kind, subject, reference, status, facts "
+            "FROM hookledger_private.discrepancies WHERE reference = ANY(%s) "
+            "AND (status = 'open' OR (status = 'resolved' AND kind = 'status_mismatch' "
+            "AND facts ? 'provider_kinds'))", ([d.reference for d in subjects],))
         opened: dict[tuple[str, str], list[OpenDiscrepancy]] = {}
-        for found in await cur.fetchall():
-            opened.setdefault((found["subject"], found["reference"]), []).append(
-                OpenDiscrepancy(found["id"], found["kind"], found["facts"] or {}))
-        await cur.execute(
-            "SELECT subject, reference, facts->>'provider_kinds' AS kinds "
-            "FROM hookledger_private.discrepancies WHERE status = 'resolved' "
-            "AND kind = 'status_mismatch' AND facts ? 'provider_kinds' "
-            "AND reference = ANY(%s)", ([d.reference for d in subjects],))
         looked_at: dict[tuple[str, str], set[str]] = {}
-        for seen in await cur.fetchall():
-            looked_at.setdefault((seen["subject"], seen["reference"]), set()).add(seen["kinds"])
+        for found in await cur.fetchall():
+            where = (found["subject"], found["reference"])
+            if found["status"] == "open":
+                opened.setdefault(where, []).append(
+                    OpenDiscrepancy(found["id"], found["kind"], found["facts"] or {}))
+            else:
+                looked_at.setdefault(where, set()).add(found["facts"]["provider_kinds"])
     views: dict[tuple[str, str], Local] = {}
     positions: dict[tuple[str, str], int] = {}
     for d in subjects:
