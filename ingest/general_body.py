@@ -52,6 +52,7 @@ from zoneinfo import ZoneInfo
 from ingest.codes import CODES, GENERAL_EVENTS, is_failure_code, outcome, outcome_of_event
 from ingest.errors import BodyError
 from ingest.unstorable import lenient_object, raw_digest, storable_text
+from ledger.instants import storable_instant
 from ledger.jsonenc import dump_bytes
 
 UNRECOGNISED_EVENT_TYPE = "general.unrecognised"
@@ -162,10 +163,13 @@ def parse_timestamp(raw: str, zone: ZoneInfo) -> datetime:
     if len(raw) != 14 or not (raw.isascii() and raw.isdigit()):
         raise BodyError("invalid_field", "timestamp must be yyyymmddHHMMss")
     try:  # slicing, not strptime: a tenth of the cost, on every delivery
-        return datetime(int(raw[0:4]), int(raw[4:6]), int(raw[6:8]), int(raw[8:10]),
-                        int(raw[10:12]), int(raw[12:14]), tzinfo=zone)
+        moment = datetime(int(raw[0:4]), int(raw[4:6]), int(raw[6:8]), int(raw[8:10]),
+                          int(raw[10:12]), int(raw[12:14]), tzinfo=zone)
     except ValueError as exc:
         raise BodyError("invalid_field", "timestamp is not a real date and time") from exc
+    if not storable_instant(moment):
+        raise BodyError("invalid_field", "timestamp is not between 1900 and 9997")
+    return moment
 
 
 def _transaction_id(body: dict[str, Any]) -> str | None:

@@ -13,6 +13,7 @@ from decimal import Decimal
 from typing import Any
 
 from ledger import StoredEvent
+from ledger.instants import storable_instant
 from projections.folding import (
     OLD_TIEBREAK,
     Discrepancy,
@@ -322,8 +323,11 @@ def invoice_keys(event: StoredEvent) -> list[str]:
     if event.event_type.startswith("invoice."):
         number = (invoice or {}).get("invoice_no") or event.facts["reference"]
         return [number]
-    if event.event_type == "payment.confirmed" and invoice and invoice.get("invoice_no"):
-        return [invoice["invoice_no"]]  # a part payment against an invoice
+    if (event.event_type in PAYMENT_RANK and invoice and invoice.get("invoice_no")
+            and event.facts.get("outcome") == "success"):
+        # a part payment against an invoice; the code's band decides here as everywhere, so
+        # a payment.confirmed carrying 91055 moved no money and never touches the invoice
+        return [invoice["invoice_no"]]
     return []
 
 
@@ -337,13 +341,15 @@ def _parse_date(text: str | None) -> date | None:
 
 
 def _parse_instant(text: str | None) -> datetime | None:
+    """An ISO 8601 instant with its offset, or None: also one outside what every reader of
+    the projections can hold (a ``0001-01-01T00:00:00+14:00`` is in year 0 in UTC)."""
     if not text:
         return None
     try:
         parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         return None
-    return parsed if parsed.tzinfo is not None else None
+    return parsed if parsed.tzinfo is not None and storable_instant(parsed) else None
 
 
 def invoice_status(*, cancelled: bool, amount_paid: Decimal | None,
@@ -357,24 +363,69 @@ def invoice_status(*, cancelled: bool, amount_paid: Decimal | None,
     return "open"
 
 
-def fold_invoice(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrepancy]]:
-    """Amounts come from the latest invoice block; settled exactly when amount_due is 0.
+# what an invoice row takes from its events, each field from the latest event that carries
+# it; ``last_event`` (with ``updated_at``) from the latest event of all
+INVOICE_FIELDS = ("amount_paid", "amount_due", "total", "currency", "due_date", "paid_date",
+                  "payment_reference", "last_event")
 
-    "Latest" is by the provider's time, then by money received (it only grows), then rank,
-    then dedupe key, then position. The total comes from the latest event that gives one,
-    in the same order, so it is the total of the invoice the amounts describe (an update
-    after ``invoice.paid`` that raises the total shows the new total beside the new amount
-    due). ``amount`` on invoice events is the TOTAL and stands in for a block without one;
-    it is never money received.
+
+def _invoice_order(event: StoredEvent, paid: Decimal | None) -> list[Any]:
+    """An invoice event's place among its invoice's: by the provider's time, then by money
+    received (it only grows), then rank, then dedupe key, then position."""
+    return [event.occurred_at.timestamp() if event.occurred_at else 0.0,
+            str(paid if paid is not None else -1),
+            INVOICE_RANK.get(event.event_type, INVOICE_RANK["payment.confirmed"]),
+            tiebreak(event.dedupe_key), event.position]
+
+
+def _invoice_values(event: StoredEvent, block: dict[str, Any]) -> dict[str, Any]:
+    """What this event says about its invoice; None where it says nothing."""
+    total = None
+    if event.event_type.startswith("invoice."):  # a part payment's block is not the
+        total = decimal_or_none(block.get("total"))  # invoice's word on its total
+        if total is None:
+            total = decimal_or_none(event.facts.get("amount"))  # invoice events: the TOTAL
+    return {
+        "amount_paid": decimal_or_none(block.get("amount_paid")),
+        "amount_due": decimal_or_none(block.get("amount_due")),
+        "total": total,
+        "currency": block.get("currency"),
+        "due_date": _parse_date(block.get("due_date")),
+        "paid_date": _parse_instant(block.get("paid_date")),
+        "payment_reference": block.get("payment_reference"),
+        "last_event": event.facts["event"],
+    }
+
+
+def _held_mark(state: Row, marks: dict[str, Any], name: str) -> list[Any] | None:
+    """The order of the event a field's value came from; None when any event may replace it.
+
+    Rows folded before each field kept its own mark: their amounts came from the block
+    under ``block_key``, their other fields under a rank-first mark (of another shape),
+    which the next event carrying the field replaces, as ``hookledger rebuild`` would."""
+    held = marks.get(name)
+    if held is None and name in ("amount_paid", "amount_due", "last_event") \
+            and state.get(name) is not None:
+        held = state.get("block_key")
+    if held is None or len(held) not in (4, 5) or not isinstance(held[1], str):
+        return None
+    return list(held)
+
+
+def fold_invoice(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrepancy]]:
+    """Each field from the latest event that gives it; settled exactly when amount_due is 0.
+
+    "Latest" is :func:`_invoice_order`, per field, so the row depends on the set of events
+    and not on the order they arrived in, even when a block leaves a field out: an invoice
+    re-saved after ``invoice.paid`` with a larger total shows the new total beside the new
+    amount due, and its new due date and control number. ``amount`` on invoice events is
+    the TOTAL and stands in for a block without one; it is never money received.
     """
-    facts = _facts(event)
+    facts = event.facts
     block = facts.get("invoice") or {}
     number = invoice_keys(event)[0]
-    paid = decimal_or_none(block.get("amount_paid"))
-    block_key = [event.occurred_at.timestamp() if event.occurred_at else 0.0,
-                 str(paid if paid is not None else -1), INVOICE_RANK[event.event_type],
-                 tiebreak(event.dedupe_key), event.position]
-    is_invoice_event = event.event_type.startswith("invoice.")
+    values = _invoice_values(event, block)
+    order = _invoice_order(event, values["amount_paid"])
     found: list[Discrepancy] = []
     state = dict(row) if row is not None else {
         "invoice_no": number, "total": None, "amount_paid": None, "amount_due": None,
@@ -382,49 +433,31 @@ def fold_invoice(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrep
         "cancelled": False, "paid_event": False, "block_key": None, "provenance": {},
         "event_count": 0, "last_position": 0, "updated_at": None, "last_event": None,
         "conflicted": False}
-
-    if block and (state["block_key"] is None or _block_newer(block_key, state["block_key"])):
-        state["amount_paid"] = paid if paid is not None else state["amount_paid"]
-        due = decimal_or_none(block.get("amount_due"))
-        state["amount_due"] = due if due is not None else state["amount_due"]
-        state["block_key"] = block_key
-        state["updated_at"] = event.occurred_at
-        state["last_event"] = facts["event"]
-    key = _event_key(event, INVOICE_RANK[event.event_type])
-    total = None
-    if is_invoice_event:  # a part payment's block is not the invoice's word on its total
-        total = decimal_or_none(block.get("total"))
-        if total is None:
-            total = decimal_or_none(facts.get("amount"))  # invoice events carry the TOTAL
-    descriptive = {
-        "currency": block.get("currency"),
-        "due_date": _parse_date(block.get("due_date")),
-        "paid_date": _parse_instant(block.get("paid_date")),
-        "payment_reference": block.get("payment_reference"),
-    }
-    current = {name: state.get(name) for name in descriptive}
-    values, provenance = merge_descriptive(current, state["provenance"], descriptive, key)
-    held_total = provenance.get("total")
-    if total is not None and (held_total is None or len(held_total) != len(block_key)
-                              or _block_newer(block_key, held_total)):
-        values["total"] = total  # a mark of the old shape was ranked, not ordered: replaced
-        provenance["total"] = block_key
-    state.update(values)
-    state["provenance"] = provenance
+    marks = dict(state["provenance"])
+    for name in INVOICE_FIELDS:
+        value = values[name]
+        if value is None:
+            continue
+        held = _held_mark(state, marks, name)
+        if held is None or _block_newer(order, held):
+            state[name] = value
+            marks[name] = order
+            if name == "last_event":
+                state["updated_at"] = event.occurred_at
+    if block and (state["block_key"] is None or _block_newer(order, state["block_key"])):
+        state["block_key"] = order  # the latest block's order (kept for older readers)
+    state["provenance"] = marks
     if event.event_type == "invoice.cancelled":
         state["cancelled"] = True
     if event.event_type == "invoice.paid":
         state["paid_event"] = True
-        due = decimal_or_none(block.get("amount_due"))
+        due = values["amount_due"]
         if due is None or due != 0:
             found.append(Discrepancy(
                 kind="unsettled_paid_invoice", subject="invoice", reference=number,
                 detail=f"invoice.paid arrived with amountDue {due}; not settled",
                 amount_at_risk=due, evidence=(event.dedupe_key,)))
             state["conflicted"] = True
-    if state["updated_at"] is None:
-        state["updated_at"] = event.occurred_at
-        state["last_event"] = facts["event"]
     state["settled"] = state["amount_due"] is not None and state["amount_due"] == 0
     state["status"] = invoice_status(cancelled=state["cancelled"],
                                      amount_paid=state["amount_paid"],

@@ -20,6 +20,7 @@ from typing import Any
 
 import psycopg
 
+from ledger.instants import storable_instant
 from reconcile.errors import ExpectationInvalid, ReconcileError
 
 KINDS = ("collection", "payout", "sms")
@@ -110,6 +111,8 @@ def parse_expectation(data: Any, *, now: datetime) -> Expectation:
             raise ExpectationInvalid("initiated_at must be an ISO 8601 date-time") from exc
         if initiated_at.tzinfo is None:
             raise ExpectationInvalid("initiated_at must carry a UTC offset")
+        if not storable_instant(initiated_at):
+            raise ExpectationInvalid("initiated_at must be between 1900 and 9997")
     return Expectation(reference, str(kind), amount, initiated_at.astimezone(UTC))
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from ledger import NewEvent
+from ledger.instants import storable_instant
 from ledger.jsonenc import dumps
 from projections.discrepancy_folds import DETECTED, RESOLVED
 from projections.general_folds import RECOVERED_EVENT
@@ -38,9 +39,10 @@ def provider_time(raw: str | None, zone: ZoneInfo) -> datetime | None:
     if not raw or len(raw) != 14 or not raw.isdigit():
         return None
     try:
-        return datetime.strptime(raw, "%Y%m%d%H%M%S").replace(tzinfo=zone)
+        moment = datetime.strptime(raw, "%Y%m%d%H%M%S").replace(tzinfo=zone)
     except ValueError:
         return None
+    return moment if storable_instant(moment) else None
 
 
 def checked_event(subject: str, lookup: Lookup, result: str, pass_id: str,

@@ -357,6 +357,88 @@ def test_the_latest_block_wins_whatever_the_arrival_order() -> None:
         assert rows["INV-1"]["amount_due"] == Decimal("300")
 
 
+def _in_order(*events: StoredEvent) -> list[StoredEvent]:
+    return [dataclasses.replace(e, position=n + 1) for n, e in enumerate(events)]
+
+
+def test_a_confirmation_whose_code_says_failure_moves_no_money_on_the_invoice() -> None:
+    """The code's band decides here as for the payment: 91055 on a payment.confirmed is a
+    failure, so its block (all paid, nothing due) must not settle the invoice, while a
+    payment.failed whose code says success is a part payment like any other."""
+    created = invoice_event("invoice.created", 93000, 0, 900, "20261122080000")
+    failed = ev("payment.confirmed", 91055, reference="PAY-1", amount=900, status="FAILED",
+                timestamp="20261122090000",
+                invoice={**INVOICE, "amountPaid": 900, "amountDue": 0})
+    rows, _ = fold_all("invoices", _in_order(created, failed))
+    row = rows["INV-1"]
+    assert (row["status"], row["settled"], row["amount_due"], row["event_count"]) == (
+        "open", False, Decimal("900"), 1)
+    paid_after_all = ev("payment.failed", 91001, reference="PAY-2", amount=300,
+                        timestamp="20261122091000",
+                        invoice={**INVOICE, "amountPaid": 300, "amountDue": 600})
+    rows, _ = fold_all("invoices", _in_order(created, paid_after_all))
+    assert (rows["INV-1"]["status"], rows["INV-1"]["amount_due"]) == (
+        "partially_paid", Decimal("600"))
+
+
+def test_a_resave_after_payment_updates_the_due_date_and_control_number() -> None:
+    """Each field comes from the latest event that gives it: a paid invoice re-saved with a
+    larger total shows the new due date and control number beside the new amount due (they
+    once stayed the paid event's, which outranks an update)."""
+    paid = invoice_event("invoice.paid", 93002, 900, 0, "20261122090000")
+    resaved = ev("invoice.updated", 93001, reference="INV-1", amount=1500,
+                 service="Invoicing", timestamp="20261122100000",
+                 invoice={**INVOICE, "total": 1500, "amountPaid": 900, "amountDue": 600,
+                          "dueDate": "2027-01-31", "paymentReference": "99777"})
+    for order in ([paid, resaved], [resaved, paid]):
+        rows, _ = fold_all("invoices", _in_order(*order))
+        row = rows["INV-1"]
+        assert (row["status"], row["total"], row["amount_due"]) == (
+            "partially_paid", Decimal("1500"), Decimal("600"))
+        assert (row["due_date"].isoformat(), row["payment_reference"]) == ("2027-01-31",
+                                                                           "99777")
+        assert (row["last_event"], row["updated_at"]) == ("invoice.updated",
+                                                          resaved.occurred_at)
+
+
+def test_a_block_that_leaves_a_field_out_takes_it_from_the_latest_that_has_it() -> None:
+    """A newer block without ``amountPaid`` says nothing about it: the amount paid is the
+    latest block's that gives one, in either arrival order (the older value was lost when
+    the newer block arrived first)."""
+    block = {"invoiceNo": "INV-1", "total": 900, "currency": "TZS"}
+    part = ev("payment.confirmed", 91001, reference="PAY-1", amount=100,
+              timestamp="20261122090000",
+              invoice={**block, "amountPaid": 100, "amountDue": 800})
+    update = ev("invoice.updated", 93001, reference="INV-1", amount=900, service="Invoicing",
+                timestamp="20261122100000", invoice={**block, "amountDue": 800})
+    for order in ([part, update], [update, part]):
+        rows, _ = fold_all("invoices", _in_order(*order))
+        row = rows["INV-1"]
+        assert (row["status"], row["amount_paid"], row["amount_due"]) == (
+            "partially_paid", Decimal("100"), Decimal("800"))
+        assert row["last_event"] == "invoice.updated"
+
+
+def test_the_last_event_is_the_latest_also_without_blocks() -> None:
+    created = ev("invoice.created", 93000, reference="INV-1", amount=900,
+                 service="Invoicing", timestamp="20261122090000")
+    cancelled = ev("invoice.cancelled", 93003, reference="INV-1", amount=900,
+                   service="Invoicing", timestamp="20261122100000")
+    for order in ([created, cancelled], [cancelled, created]):
+        rows, _ = fold_all("invoices", _in_order(*order))
+        row = rows["INV-1"]
+        assert (row["last_event"], row["updated_at"], row["status"], row["total"]) == (
+            "invoice.cancelled", cancelled.occurred_at, "cancelled", Decimal("900"))
+
+
+def test_a_paid_date_no_reader_can_hold_is_left_out() -> None:
+    """``0001-01-01T00:00:00+14:00`` is in year 0 in UTC: stored, it would fail every later
+    read of the invoice's row (the projector's batch, retried for ever)."""
+    rows, _ = fold_all("invoices", [invoice_event(
+        "invoice.paid", 93002, 900, 0, "20261122090000", paidDate="0001-01-01T00:00:00+14:00")])
+    assert rows["INV-1"]["paid_date"] is None and rows["INV-1"]["settled"] is True
+
+
 # -- SMS ----------------------------------------------------------------------------------
 
 def test_sms_delivered_and_failed() -> None:

@@ -57,36 +57,48 @@ def scenario(draw: st.DrawFn) -> list[NewEvent]:
                                     amount=1000 if end == "payout.confirmed" else 0))
     for i in range(draw(st.integers(0, 2))):
         number, total = f"INV{i}", 900
-        block = {"invoiceNo": number, "total": total, "currency": "TZS"}
+        base = {"invoiceNo": number, "total": total, "currency": "TZS",
+                "dueDate": "2026-12-31", "paymentReference": "99123"}
+
+        def block(base: dict[str, Any] = base, **amounts: Any) -> dict[str, Any] | None:
+            """An invoice block that may leave fields out, or be missing altogether."""
+            if draw(st.integers(0, 9)) == 0:
+                return None
+            full = {**base, **amounts}
+            gone = draw(st.sets(st.sampled_from(["amountPaid", "amountDue", "total",
+                                                 "dueDate", "paymentReference"])))
+            return {k: v for k, v in full.items() if k not in gone}
+
         events.append(new_event("invoice.created", 93000, reference=number, amount=total,
-                                timestamp=ts(0), invoice={**block, "amountPaid": 0,
-                                                          "amountDue": total}))
+                                timestamp=ts(0), invoice=block(amountPaid=0, amountDue=total)))
         paid = 0
         for step in range(draw(st.integers(0, 3))):
             paid += 100
             events.append(new_event("payment.confirmed", 91001, reference=f"{number}-p{step}",
                                     amount=100, timestamp=ts(10 + step),
-                                    invoice={**block, "amountPaid": paid,
+                                    invoice={**base, "amountPaid": paid,
                                              "amountDue": total - paid}))
             events.append(new_event("invoice.updated", 93001, reference=number, amount=total,
                                     timestamp=ts(10 + step),
-                                    invoice={**block, "amountPaid": paid,
-                                             "amountDue": total - paid}))
+                                    invoice=block(amountPaid=paid, amountDue=total - paid)))
+        if draw(st.booleans()):  # a confirmation whose code says it failed: no money moved
+            events.append(new_event("payment.confirmed", 91055, reference=f"{number}-x",
+                                    amount=total, timestamp=ts(20),
+                                    invoice={**base, "amountPaid": total, "amountDue": 0}))
         end = draw(st.sampled_from(["paid", "paid, then raised", "cancelled", None]))
         if end and end.startswith("paid"):
             events.append(new_event("invoice.paid", 93002, reference=number, amount=total,
-                                    timestamp=ts(30), invoice={**block, "amountPaid": total,
-                                                               "amountDue": 0}))
+                                    timestamp=ts(30), invoice=block(amountPaid=total,
+                                                                    amountDue=0)))
         if end == "paid, then raised":  # re-saved with a larger total: owed again
             events.append(new_event("invoice.updated", 93001, reference=number, amount=1500,
-                                    timestamp=ts(40), invoice={**block, "total": 1500,
-                                                               "amountPaid": total,
-                                                               "amountDue": 1500 - total}))
+                                    timestamp=ts(40), invoice=block(
+                                        total=1500, amountPaid=total, amountDue=1500 - total,
+                                        dueDate="2027-01-31", paymentReference="99777")))
         elif end == "cancelled":
             events.append(new_event("invoice.cancelled", 93003, reference=number,
                                     amount=total, timestamp=ts(30),
-                                    invoice={**block, "amountPaid": paid,
-                                             "amountDue": total - paid}))
+                                    invoice=block(amountPaid=paid, amountDue=total - paid)))
     for i in range(draw(st.integers(0, 2))):
         for name in draw(st.lists(st.sampled_from(["sms.delivered", "sms.failed"]),
                                   min_size=1, max_size=2, unique=True)):
