@@ -53,6 +53,7 @@ from decimal import Decimal
 from typing import Any
 
 from ingest.errors import BodyError
+from ingest.json_body import number_text
 from ingest.unstorable import lenient_object, raw_digest, storable_text
 
 SOURCE = "chat"
@@ -168,7 +169,7 @@ def _canonical(value: Any) -> Any:
     if isinstance(value, bool) or value is None or isinstance(value, str):
         return value
     if isinstance(value, int | Decimal):
-        return {"#n": format(Decimal(value).normalize(), "f")}
+        return {"#n": number_text(value)}
     return value
 
 

@@ -35,7 +35,7 @@ from ingest.chat_body import (
 from ingest.chat_secrets import MAX_PHONE_NUMBER_ID, ChatSecretStore
 from ingest.errors import BodyError, BodyTooLarge, BodyTooSlow
 from ingest.headers import masked, safe_headers
-from ingest.incoming import DeliveryRequest
+from ingest.incoming import DeliveryRequest, path_label
 from ingest.json_body import parse_object
 from ingest.metrics import IngestMetrics
 from ingest.rejections import Refusal, RejectionLog
@@ -72,7 +72,7 @@ class ChatEndpoint:
     async def __call__(self, request: DeliveryRequest) -> Response | responses.Accepted:
         received_at = datetime.now(UTC)
         phone_number_id = request.path_params["phone_number_id"]
-        endpoint = f"chat/{phone_number_id[:MAX_PHONE_NUMBER_ID * 2]}"
+        endpoint = f"chat/{path_label(phone_number_id, MAX_PHONE_NUMBER_ID * 2)}"
         structlog.contextvars.clear_contextvars()
         structlog.contextvars.bind_contextvars(endpoint=endpoint)
         headers = safe_headers(request.headers.items())

@@ -51,6 +51,7 @@ from zoneinfo import ZoneInfo
 
 from ingest.codes import CODES, GENERAL_EVENTS, is_failure_code, outcome, outcome_of_event
 from ingest.errors import BodyError
+from ingest.json_body import number_text
 from ingest.unstorable import lenient_object, raw_digest, storable_text
 from ledger.instants import storable_instant
 from ledger.jsonenc import dump_bytes
@@ -81,7 +82,7 @@ def _canonical(value: Any) -> Any:
     if isinstance(value, bool) or value is None or isinstance(value, str):
         return value
     if isinstance(value, int | Decimal):
-        return {"#n": format(Decimal(value).normalize(), "f")}
+        return {"#n": number_text(value)}
     return value
 
 

@@ -26,7 +26,7 @@ from ingest.general_body import (
     unstorable_general,
 )
 from ingest.headers import masked, safe_headers
-from ingest.incoming import DeliveryRequest
+from ingest.incoming import DeliveryRequest, path_label
 from ingest.json_body import parse_object
 from ingest.metrics import IngestMetrics
 from ingest.rejections import Refusal, RejectionLog
@@ -58,7 +58,7 @@ class GeneralEndpoint:
     async def __call__(self, request: DeliveryRequest) -> Response | responses.Accepted:
         received_at = datetime.now(UTC)
         name = request.path_params["name"]
-        endpoint = f"general/{name}"
+        endpoint = f"general/{path_label(name, 1024)}"
         structlog.contextvars.clear_contextvars()
         structlog.contextvars.bind_contextvars(endpoint=endpoint)
         headers = safe_headers(request.headers.items())

@@ -76,3 +76,13 @@ class Incoming:
         peer = scope.get("client")
         self.client = Client(*peer) if peer else None
         self.receive = receive
+
+
+def path_label(value: str, limit: int = 128) -> str:
+    """A path parameter as logs and the refusals table may hold it: at most ``limit``
+    characters, anything unprintable escaped. ``%00`` in a URL decodes to a NUL, which
+    PostgreSQL text refuses: the refusal went unrecorded and the NUL reached the log."""
+    value = value[:limit]
+    if value.isprintable():
+        return value
+    return value.encode("unicode_escape").decode("ascii")

@@ -10,7 +10,7 @@ parsed as ``int``/``Decimal``, never ``float``: money stays exact.
 from __future__ import annotations
 
 import json
-from decimal import Decimal, InvalidOperation
+from decimal import MAX_EMAX, MAX_PREC, MIN_EMIN, Context, Decimal, InvalidOperation
 from typing import Any
 
 from ingest.errors import BodyError
@@ -35,10 +35,25 @@ def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def _decimal(text: str) -> Decimal:
+    """The reader has checked the number's syntax; ``Decimal`` still refuses an exponent
+    past its own range (``1e99999999999999999999``): that is a number out of range, in a
+    body that may be a JSON object all the same, never invalid JSON (a 400 lost a signed
+    delivery)."""
     try:
         return Decimal(text)
-    except InvalidOperation as exc:  # pragma: no cover - the scanner only passes numbers
-        raise BodyError("invalid_json", "bad number") from exc
+    except InvalidOperation as exc:
+        raise BodyError("number_out_of_range", "a number is out of range") from exc
+
+
+# every digit kept: the default context rounds to 28, and two amounts differing in the
+# 29th digit had one dedupe key (the second delivery answered as a duplicate, not kept)
+_EXACT = Context(prec=MAX_PREC, Emax=MAX_EMAX, Emin=MIN_EMIN)
+
+
+def number_text(value: int | Decimal) -> str:
+    """One spelling per numeric value, exactly: ``1000``, ``1000.00`` and ``1E+3`` agree.
+    Dedupe keys hash it: numbers of up to 28 digits read as they always did."""
+    return format(Decimal(value).normalize(_EXACT), "f")
 
 
 def _integer(text: str) -> int:

@@ -17,7 +17,7 @@ import hashlib
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 from typing import Any, Protocol, TypeVar
 
 import structlog
@@ -43,10 +43,19 @@ def lenient_object(raw: bytes) -> dict[str, Any]:
     """What Python's own reader makes of the body (the last of duplicate keys wins), or
     an empty object when even that fails: only used to find a reference to file it under."""
     try:
-        value = json.loads(raw.decode("utf-8"), parse_float=Decimal, parse_int=_integer)
+        value = json.loads(raw.decode("utf-8"), parse_float=_decimal, parse_int=_integer)
     except (ValueError, RecursionError):
         return {}
     return value if isinstance(value, dict) else {}
+
+
+def _decimal(text: str) -> Decimal | str:
+    """A ``Decimal``, or the number's text when its exponent is past ``Decimal``'s range:
+    ``InvalidOperation`` is no ``ValueError``, and it escaped as a 500 (a lost delivery)."""
+    try:
+        return Decimal(text)
+    except InvalidOperation:
+        return text
 
 
 def _integer(text: str) -> int | Decimal:

@@ -248,3 +248,31 @@ def test_a_body_jsonb_cannot_hold_is_kept_unless_it_names_another_number() -> No
         with pytest.raises(BodyError) as caught:
             unstorable_chat(raw % other, meta, BodyError("nul_character", "a NUL"))
         assert caught.value.reason == "phone_number_mismatch"
+
+
+@pytest.mark.parametrize(("number", "reason"), [
+    (b"1e99999999999999999999", "number_out_of_range"),  # past Decimal's exponent range
+    (b"1E-99999999999999999999", "number_out_of_range"),
+])
+def test_an_exponent_past_decimals_range_is_a_number_out_of_range(number: bytes,
+                                                                  reason: str) -> None:
+    """Once ``invalid_json``: a signed object refused 400, retried, then dead-lettered."""
+    raw = b'{"type": "message", "phoneNumberId": "%s", "message": {"id": "w.2", "n": %s}}' % (
+        PHONE.encode(), number)
+    with pytest.raises(BodyError) as caught:
+        parse_object(raw)
+    assert caught.value.reason == reason
+    kept = unstorable_chat(raw, DeliveryMeta(PHONE, delivery_id="d-10"), caught.value)
+    assert kept.facts["message_id"] == "w.2"
+
+
+def test_a_repeated_key_beside_such_an_exponent_is_kept_not_raised() -> None:
+    """Strict reading stops at the repeated key; the lenient reading that files the body
+    met the exponent and raised ``InvalidOperation``, which the endpoint answered 500."""
+    raw = (b'{"x": {"k": 1, "k": 2}, "type": "message", "phoneNumberId": "%s", '
+           b'"message": {"id": "w.3", "n": 1e99999999999999999999}}' % PHONE.encode())
+    with pytest.raises(BodyError) as caught:
+        parse_object(raw)
+    assert caught.value.reason == "duplicate_json_key"
+    kept = unstorable_chat(raw, DeliveryMeta(PHONE, delivery_id="d-11"), caught.value)
+    assert (kept.facts["reason"], kept.facts["message_id"]) == ("duplicate_json_key", "w.3")

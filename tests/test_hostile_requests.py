@@ -69,6 +69,13 @@ UNSTORABLE = [
      "number_out_of_range", "HOSTILE"),
     ("duplicate keys", replace("reference", '"A", "reference": "HOSTILE"'),
      "duplicate_json_key", "HOSTILE"),
+    # past Decimal's own exponent range: answered 400 invalid_json once, and lost
+    ("an exponent past Decimal's range", replace("amount", "1e99999999999999999999"),
+     "number_out_of_range", "HOSTILE"),
+    # the repeated key stops strict reading first; reading it leniently then raised (a 500)
+    ("a repeated key, then such an exponent",
+     replace("customer", '{"a": 1, "a": 2}, "x": 1E-99999999999999999999'),
+     "duplicate_json_key", "HOSTILE"),
     ("NUL in the reference", replace("reference", '"A\\u0000B"'), "nul_character", None),
     ("lone surrogate in the reference", replace("reference", '"\\ud800"'), "invalid_unicode",
      None),
@@ -243,3 +250,13 @@ def test_slow_clients_get_408_and_never_hold_up_a_genuine_delivery(db_url: str) 
     assert rows(db_url, "SELECT count(*) FROM hookledger.ledger") == [(1,)]
     assert rows(db_url, "SELECT reason, count(*) FROM hookledger.rejected_deliveries "
                         "GROUP BY reason") == [("body_timeout", 20)]
+
+
+def test_a_nul_in_the_path_is_refused_and_recorded_escaped(service: str, db_url: str) -> None:
+    """``%00`` decodes to a NUL, which PostgreSQL text refuses: the refusal was answered
+    but never recorded, and the NUL went to the log as it was."""
+    raw = encode(GOOD)
+    answer = post(service, "x%00y", raw, secret=SECRETS["primary"])
+    assert answer.status_code == 401 and answer.json()["reason"] == "unknown_endpoint"
+    assert rows(db_url, "SELECT endpoint, reason FROM hookledger.rejected_deliveries") == [
+        ("general/x\\x00y", "unknown_endpoint")]
