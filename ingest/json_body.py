@@ -15,6 +15,7 @@ from typing import Any
 
 from ingest.errors import BodyError
 from ingest.json_syntax import check_one_object
+from ledger.jsonenc import jsonb_can_hold
 
 MAX_DEPTH = 32
 MAX_NUMBER_EXPONENT = 1000  # far beyond money, far inside PostgreSQL numeric
@@ -92,13 +93,11 @@ def _check(value: Any, depth: int, texts: bool = True) -> None:
 
 def check_text(text: str) -> None:
     """Refuse text ``jsonb`` cannot hold: a NUL character or a lone surrogate."""
+    if jsonb_can_hold(text):
+        return
     if "\x00" in text:
         raise BodyError("nul_character", "a string holds a NUL character")
-    if not text.isascii():
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise BodyError("invalid_unicode", "a string holds a lone surrogate") from exc
+    raise BodyError("invalid_unicode", "a string holds a lone surrogate")
 
 
 # One decoder for every body: json.loads with hooks builds a new one per call, a sixth of

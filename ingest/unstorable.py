@@ -17,7 +17,7 @@ import hashlib
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any, Protocol, TypeVar
 
 import structlog
@@ -25,7 +25,7 @@ import structlog
 from ingest.errors import BodyError
 from ingest.json_body import check_text
 from ledger.errors import LedgerError, LedgerUnavailable
-from ledger.jsonenc import dumps
+from ledger.jsonenc import decimal_or_text, dumps
 from ledger.records import AppendResult, NewEvent
 
 log = structlog.get_logger("hookledger.ingest")
@@ -43,19 +43,11 @@ def lenient_object(raw: bytes) -> dict[str, Any]:
     """What Python's own reader makes of the body (the last of duplicate keys wins), or
     an empty object when even that fails: only used to find a reference to file it under."""
     try:
-        value = json.loads(raw.decode("utf-8"), parse_float=_decimal, parse_int=_integer)
+        value = json.loads(raw.decode("utf-8"), parse_float=decimal_or_text, parse_int=_integer)
     except (ValueError, RecursionError):
         return {}
     return value if isinstance(value, dict) else {}
 
-
-def _decimal(text: str) -> Decimal | str:
-    """A ``Decimal``, or the number's text when its exponent is past ``Decimal``'s range:
-    ``InvalidOperation`` is no ``ValueError``, and it escaped as a 500 (a lost delivery)."""
-    try:
-        return Decimal(text)
-    except InvalidOperation:
-        return text
 
 
 def _integer(text: str) -> int | Decimal:

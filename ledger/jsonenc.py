@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import date, datetime
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 from typing import Any
 from uuid import UUID
 
@@ -39,3 +39,36 @@ def dump_bytes(value: Any) -> bytes:
 def dumps(value: Any) -> str:
     """:func:`dump_bytes` as text."""
     return dump_bytes(value).decode("utf-8")
+
+
+def jsonb_can_hold(text: str) -> bool:
+    """False for text ``jsonb`` refuses: a NUL character, or a lone surrogate (not UTF-8).
+    One such string fails the whole statement it is in, every event of it with it."""
+    if "\x00" in text:
+        return False
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def jsonb_safe(text: str) -> str:
+    """``text`` with what ``jsonb`` refuses written as escapes (``\\u0000``, ``\\ud800``):
+    for free text from outside (an API's message) kept in an event as information."""
+    if jsonb_can_hold(text):
+        return text
+    return text.replace("\x00", "\\u0000").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def decimal_or_text(text: str) -> Decimal | str:
+    """A JSON number as a ``Decimal`` (a reader's ``parse_float``), or its text when its
+    exponent is past ``Decimal``'s range (``1e99999999999999999999``): ``InvalidOperation``
+    is no ``ValueError``, and escaped the readers that expected one. Whatever needs the
+    number then finds text where it wants one, and says so."""
+    try:
+        return Decimal(text)
+    except InvalidOperation:
+        return text

@@ -18,13 +18,13 @@ import json
 import random
 import time
 from dataclasses import dataclass
-from decimal import Decimal
 from email.utils import parsedate_to_datetime
 from typing import Any, Literal
 from urllib.parse import quote
 
 import httpx
 
+from ledger.jsonenc import decimal_or_text, jsonb_safe
 from reconcile.errors import ApiRefused, ApiUnavailable, MalformedEnvelope, MappingError
 from reconcile.records import ProviderRecord, RecordMapping
 
@@ -58,7 +58,7 @@ class Envelope:
 def parse_envelope(body: bytes) -> Envelope:
     """Strictly: a JSON object with success (bool), code (int), message (str), data (object)."""
     try:
-        value = json.loads(body, parse_float=Decimal)
+        value = json.loads(body, parse_float=decimal_or_text)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # nested past the reader
         raise MalformedEnvelope("the answer is not JSON") from exc
     if not isinstance(value, dict):
@@ -75,7 +75,8 @@ def parse_envelope(body: bytes) -> Envelope:
         data = {}
     if not isinstance(data, dict):
         raise MalformedEnvelope("envelope field data is missing or not an object")
-    return Envelope(success, code, message, data)
+    # the message is kept in events as information: what jsonb refuses is escaped
+    return Envelope(success, code, jsonb_safe(message), data)
 
 
 def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:

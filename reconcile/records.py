@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
+from ledger.jsonenc import jsonb_can_hold
 from reconcile.errors import MappingError
 
 Outcome = Literal["success", "failure", "refunded", "pending"]
@@ -24,6 +25,10 @@ RECOVERY_EVENT: dict[tuple[str, str], str] = {
     ("collection", "refunded"): "payment.refunded", ("payout", "success"): "payout.confirmed",
     ("payout", "failure"): "payout.failed",
 }
+
+# an amount's magnitude (10**15 TZS) and decimal places past which it is no money
+MAX_AMOUNT_EXPONENT = 15
+MAX_AMOUNT_PLACES = 100
 
 DEFAULT_PATHS: dict[str, str] = {
     "reference": "reference", "status": "status", "amount": "amount", "event": "event",
@@ -150,7 +155,7 @@ def _word(data: Mapping[str, Any], path: str) -> str | None:
     """A field read only as a hint (``type``): text, or None whatever else it holds, so a
     provider that puts something else there loses the hint, not every lookup."""
     value = dig(data, path)
-    return value if isinstance(value, str) else None
+    return value if isinstance(value, str) and jsonb_can_hold(value) else None
 
 
 def dig(data: Mapping[str, Any], path: str) -> Any:
@@ -184,6 +189,10 @@ class RecordMapping:
                 return None
             if isinstance(value, bool) or not isinstance(value, str | int | Decimal):
                 raise MappingError(f"{name} has the wrong type")
+            if isinstance(value, str) and not jsonb_can_hold(value):
+                # kept, it would fail the append of every answer checked beside it, pass
+                # after pass: the subject is asked first again each time
+                raise MappingError(f"{name} holds a character the ledger cannot keep")
             return str(value)
 
         amount_raw = dig(data, self.paths["amount"])
@@ -197,6 +206,11 @@ class RecordMapping:
                 raise MappingError("amount is not a number") from exc
             if not amount.is_finite():
                 raise MappingError("amount is not a number")
+            if abs(amount.adjusted()) > MAX_AMOUNT_EXPONENT \
+                    or amount.as_tuple().exponent < -MAX_AMOUNT_PLACES:  # type: ignore[operator]
+                # past what a projection's numeric column takes: stored, it would fail the
+                # projector's every batch from then on
+                raise MappingError("amount is out of range for money")
         code_raw = dig(data, self.paths["code"])
         if code_raw is not None and (isinstance(code_raw, bool)
                                      or not isinstance(code_raw, int)):

@@ -23,7 +23,7 @@ from zoneinfo import ZoneInfo
 import psycopg
 import structlog
 
-from ledger import NewEvent
+from ledger import AppendResult, NewEvent
 from ledger.store import append_in
 from projections.projector import catch_up
 from reconcile import store
@@ -50,6 +50,26 @@ class PassObserver(Protocol):
     def recovered(self, subject: str, count: int) -> None: ...
     def after_pass(self, open_by_kind: dict[str, int], oldest_unchecked: datetime | None,
                    lags: Sequence[float]) -> None: ...
+
+
+# a subject's bookkeeping row: subject, reference, checked at, position seen, next check,
+# result, pass
+Mark = tuple[str, str, datetime, int, datetime | None, str, str]
+# what the database refuses of an event's values, as opposed to being away
+REFUSALS = (psycopg.DataError, psycopg.IntegrityError)
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """Where one subject's events are in a chunk's, and its backoff should they be refused."""
+
+    subject: str
+    reference: str
+    start: int
+    end: int
+    backoff: timedelta
+    detected: tuple[int, int]  # its findings' range in the pass result's lists
+    resolved: tuple[int, int]
 
 
 @dataclass(frozen=True)
@@ -188,8 +208,9 @@ class Reconciler:
 
         lookups = await asyncio.gather(*(ask(d.reference) for d in due))
         events: list[NewEvent] = []
-        marks: list[tuple[str, str, datetime, int, datetime | None, str, str]] = []
+        marks: list[Mark] = []
         recoveries: list[tuple[int, str, str]] = []
+        spans: list[Span] = []
         for d, lookup in zip(due, lookups, strict=True):
             key = (d.subject, d.reference)
             tries = previous.get(key, 0)
@@ -210,14 +231,19 @@ class Reconciler:
             next_at = None if verdict.settled else now + backoff
             marks.append((d.subject, d.reference, now, positions[key], next_at,
                           verdict.result, result.pass_id))
+            spans.append(Span(d.subject, d.reference, sizes[0], len(events), backoff,
+                              (sizes[2], len(result.detected)),
+                              (sizes[3], len(result.resolved))))
         async with conn.transaction():
-            appended = await append_in(conn, events)
+            appended = await self._append(conn, events, spans, marks, result, now)
             for index, subject, reference in recoveries:
+                if (done := appended[index]) is None:
+                    continue  # its subject's answer could not be kept (see _append)
                 # the recovered event changes the row: that change needs no re-check
-                position = appended[index].position
+                position = done.position
                 marks = [(s, r, t, max(p, position) if (s, r) == (subject, reference) else p,
                           n, res, pid) for s, r, t, p, n, res, pid in marks]
-                if not appended[index].duplicate:
+                if not done.duplicate:
                     result.recovered.append(reference)
                     log.warning("reconcile.repaired", subject=subject, reference=reference,
                                 reason="a webhook was lost; state recovered through the API")
@@ -225,6 +251,50 @@ class Reconciler:
                         self._observer.recovered(subject, 1)
             await store.mark_checked(conn, marks)
         result.checked += len(due)
+
+    async def _append(self, conn: store.Connection, events: list[NewEvent],
+                      spans: Sequence[Span], marks: list[Mark], result: PassResult,
+                      now: datetime) -> list[AppendResult | None]:
+        """The chunk's events in one statement; should the database refuse it, subject by
+        subject, each in a savepoint.
+
+        An answer holding what no rule here foresaw (the records are checked for what
+        ``jsonb`` and ``numeric`` refuse) would otherwise fail the whole chunk, and since
+        a subject that failed is asked first the next time, every pass after it: no other
+        lost webhook would be recovered again. A refused subject's events are replaced by
+        one ``reconcile.checked`` saying so, and it is asked again after its backoff.
+        """
+        try:
+            async with conn.transaction():
+                return list(await append_in(conn, events))
+        except REFUSALS as exc:
+            log.error("reconcile.chunk_refused", events=len(events), error=type(exc).__name__)
+        appended: list[AppendResult | None] = [None] * len(events)
+        dropped_detected: set[int] = set()
+        dropped_resolved: set[int] = set()
+        for span in spans:
+            try:
+                async with conn.transaction():
+                    appended[span.start:span.end] = await append_in(
+                        conn, events[span.start:span.end])
+                continue
+            except REFUSALS as exc:
+                error = type(exc).__name__
+            log.error("reconcile.answer_not_kept", subject=span.subject,
+                      reference=span.reference, error=error)
+            result.errors["unstorable_answer"] += 1
+            refused = Lookup(span.reference, "error", error="unstorable_answer",
+                             detail=f"the database refused what this answer gave ({error})")
+            await append_in(conn, [checked_event(span.subject, refused, "error",
+                                                 result.pass_id, now)])
+            key = (span.subject, span.reference)
+            dropped_detected.update(range(*span.detected))  # none of it was recorded
+            dropped_resolved.update(range(*span.resolved))
+            marks[:] = [(s, r, t, p, now + span.backoff, "error", pid) if (s, r) == key
+                        else (s, r, t, p, n, res, pid) for s, r, t, p, n, res, pid in marks]
+        result.detected[:] = [f for i, f in enumerate(result.detected) if i not in dropped_detected]
+        result.resolved[:] = [f for i, f in enumerate(result.resolved) if i not in dropped_resolved]
+        return appended
 
     def _judge(self, d: store.Due, lookup: Lookup, local: Local, events: list[NewEvent],
                recoveries: list[tuple[int, str, str]], result: PassResult,

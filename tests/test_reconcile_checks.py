@@ -246,3 +246,25 @@ def test_a_type_that_is_not_text_loses_the_hint_not_the_lookup() -> None:
     read = RecordMapping.create().read(data, "R")
     assert read.type is None and read.outcome == "success"
     assert RecordMapping.create().read({**data, "type": "PAYOUT"}, "R").type == "PAYOUT"
+
+
+def test_what_the_ledger_cannot_keep_never_leaves_the_mapping() -> None:
+    """A NUL or half an emoji in a text, or an amount past numeric: refused by the
+    mapping, since kept they failed the append of every answer checked beside them."""
+    mapping = RecordMapping.create()
+    for field, value in [("customerReference", "order\x007"), ("status", "PAID \ud83d"),
+                         ("amount", Decimal("1E+16")), ("amount", "1E-101"),
+                         ("amount", "1e99999999999999999999")]:
+        with pytest.raises(MappingError, match=r"cannot keep|out of range|not a number"):
+            mapping.read({"reference": "R", field: value}, "R")
+    assert mapping.read({"reference": "R", "type": "PAY\x00OUT"}, "R").type is None
+    assert mapping.read({"reference": "R", "amount": Decimal("999999999999999.5")},
+                        "R").amount == Decimal("999999999999999.5")
+
+
+def test_an_envelope_keeps_its_message_storable_and_reads_any_exponent() -> None:
+    envelope = parse_envelope(
+        b'{"success": false, "code": 1404, "message": "no \\u0000such \\ud800", "data": '
+        b'{"amount": 1e99999999999999999999}}')
+    assert envelope.message == "no \\u0000such \\ud800"
+    assert envelope.data["amount"] == "1e99999999999999999999"

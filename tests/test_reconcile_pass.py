@@ -8,6 +8,7 @@ from decimal import Decimal
 from typing import Any
 from zoneinfo import ZoneInfo
 
+import psycopg
 import pytest
 
 from ledger import NewEvent
@@ -15,6 +16,7 @@ from reconcile import runner
 from reconcile.findings import manual_resolution
 from sandbox.faults import FaultSettings
 from sandbox.runner import running_sandbox
+from tests.dbutil import refuse_event_type
 from tests.general_events import INVOICE
 from tests.reconcile_helpers import (
     CountingState,
@@ -521,3 +523,58 @@ def test_an_answer_the_client_cannot_even_decode_is_retried_and_the_pass_goes_on
         result = reconcile(db_url, api.url, max_attempts=1, concurrency=1)
     assert result.checked == 3 and sum(result.errors.values()) == 1
     assert len(result.recovered) == 2
+
+
+@pytest.mark.parametrize("bad", [
+    {"customer_reference": "order\u00007"},  # a NUL: jsonb refuses it
+    {"amount": "1E+999999"},  # past what a projection's numeric column takes
+])
+def test_a_record_the_ledger_cannot_keep_is_an_error_and_the_pass_goes_on(
+        db_url: str, bad: dict[str, Any]) -> None:
+    """Kept, such a record failed the append of its whole chunk, pass after pass (it was
+    asked first each time): no other lost webhook was recovered again."""
+    state = CountingState()
+    state.record_general(body("payment.confirmed", 91000, reference="BAD-1",
+                              **{"amount": 10, **bad}))
+    state.record_general(body("payment.confirmed", 91000, reference="OK-1", amount=20))
+    expect(db_url, "BAD-1", "collection", 10)
+    expect(db_url, "OK-1", "collection", 20)
+    with running_sandbox(state=state) as api:
+        result = reconcile(db_url, api.url)
+    assert result.recovered == ["OK-1"] and result.errors == {"mapping": 1}
+    assert rows(db_url, "SELECT reference, outcome FROM hookledger.payments") == [
+        ("OK-1", "success")]
+    [(detail,)] = rows(db_url, "SELECT payload->>'detail' FROM hookledger.ledger "
+                               "WHERE event_type = 'reconcile.checked' "
+                               "AND payload->>'reference' = 'BAD-1'")
+    assert detail.startswith("MappingError: ")
+
+
+def test_an_answer_the_database_still_refuses_fails_its_subject_not_the_pass(
+        db_url: str) -> None:
+    """Should the database refuse a chunk's events for a reason no check here foresaw, the
+    subjects are appended one by one: the refused one is recorded as an error and asked
+    again after its backoff, the others as usual."""
+    refuse_event_type(db_url, "reconcile.recovered")
+    state = CountingState()
+    state.record_general(body("payment.confirmed", 91000, reference="LOST-1", amount=10))
+    state.record_general(body("payment.confirmed", 91000, reference="SEEN-1", amount=20))
+    expect(db_url, "LOST-1", "collection", 10)
+    deliver(db_url, "payment.confirmed", 91000, reference="SEEN-1", amount=20)
+    with running_sandbox(state=state) as api:
+        result = reconcile(db_url, api.url)
+        assert result.checked == 2 and result.errors == {"unstorable_answer": 1}
+        assert result.recovered == [] and result.detected == []
+        assert rows(db_url, "SELECT reference, last_result, coalesce(next_check_at > now(), "
+                            "false) FROM hookledger_private.reconcile_subjects "
+                            "ORDER BY reference") == [("LOST-1", "error", True),
+                                                      ("SEEN-1", "agrees", False)]
+        assert rows(db_url, "SELECT payload->>'error' FROM hookledger.ledger WHERE "
+                            "event_type = 'reconcile.checked' ORDER BY position") == [
+            ("unstorable_answer",), (None,)]
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            conn.execute("DROP TRIGGER test_refuse ON hookledger_private.ledger_events")
+        _time_passes(db_url)
+        again = reconcile(db_url, api.url)
+    assert again.recovered == ["LOST-1"]
+    assert discrepancies(db_url) == [("missing_webhook", "collection", "LOST-1", Decimal(10))]
