@@ -28,7 +28,7 @@ from hookledger.database import libpq_url
 from hookledger.gc_tuning import tuned_for_serving
 from hookledger.http_protocol import complete_body
 from hookledger.settings import Settings
-from ingest.appender import BatchingAppender
+from ingest.appender import BatchingAppender, answered_within
 from ingest.chat_body import PLATFORM_ERROR_CAUSES
 from ingest.chat_endpoint import ChatEndpoint
 from ingest.chat_media import MediaFetcher, MediaStore
@@ -106,10 +106,11 @@ def create_app(settings: Settings, database_url: str, *,
             store = LedgerStore(pool, acquire_timeout_s=settings.append_timeout_s)
             spool = Spool(settings.home / "spool")
             stack.callback(spool.close)
-            drainer = SpoolDrainer(spool, store.append)
+            append_many = answered_within(store.append, settings.append_stall_s)
+            drainer = SpoolDrainer(spool, append_many)
             drainer.start()
             stack.push_async_callback(drainer.stop)
-            appender = BatchingAppender(store.append, max_batch=settings.append_max_batch,
+            appender = BatchingAppender(append_many, max_batch=settings.append_max_batch,
                                         max_wait_s=settings.append_max_wait_ms / 1000,
                                         spool=spool, on_spooled=drainer.nudge,
                                         on_batch=metrics.batch_size.observe)
@@ -124,7 +125,8 @@ def create_app(settings: Settings, database_url: str, *,
                 body_timeout_s=settings.body_timeout_s,
                 appender=appender, pool=pool, metrics=metrics,
                 rejected_keep=settings.rejected_keep)
-            chat_secrets = ChatSecretStore(pool, grace_s=settings.rotation_grace_s)
+            chat_secrets = ChatSecretStore(pool, grace_s=settings.rotation_grace_s,
+                                           answer_within_s=settings.append_stall_s)
             await chat_secrets.bootstrap(
                 {k: v.get_secret_value() for k, v in settings.chat_secrets.items()},
                 datetime.now(UTC))

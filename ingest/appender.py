@@ -24,6 +24,44 @@ log = structlog.get_logger("hookledger.ingest")
 AppendMany = Callable[[Sequence[NewEvent]], Awaitable[list[AppendResult]]]
 
 
+def answered_within(append_many: AppendMany, seconds: float) -> AppendMany:
+    """``append_many`` that gives up after ``seconds`` with :class:`LedgerUnavailable`.
+
+    A database that stops answering (a network partition, a frozen server: no reset, no
+    error) held an append's statement for ever, and every delivery queued behind it, while
+    the provider's window ran out (30 s general, 15 s chat) and the general system never
+    sends again. Given up on, the batch goes to the spool and is answered from there.
+
+    The statement is not waited for when given up on: cancelling it waits for psycopg to
+    cancel it on the server and close the connection (up to ten seconds more on a dead
+    network). It is left to end in the background. Should it commit after all, the
+    spooled copy drains as a duplicate of it.
+    """
+    stalled: set[asyncio.Task[list[AppendResult]]] = set()
+
+    def forget(task: asyncio.Task[list[AppendResult]]) -> None:
+        stalled.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.info("appender.stalled_append_ended", error=type(exc).__name__)
+
+    async def bounded(events: Sequence[NewEvent]) -> list[AppendResult]:
+        task = asyncio.ensure_future(append_many(events))
+        try:
+            await asyncio.wait((task,), timeout=seconds)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        if task.done():
+            return task.result()
+        task.cancel()
+        stalled.add(task)  # kept referenced until it ends
+        task.add_done_callback(forget)
+        log.error("appender.database_stalled", events=len(events), seconds=seconds)
+        raise LedgerUnavailable(f"the database did not answer within {seconds:g} s")
+
+    return bounded
+
+
 class BatchingAppender:
     """Gathers concurrent appends into batches for one committing writer."""
 

@@ -125,8 +125,12 @@ class ChatSecretStore:
 
     def __init__(self, pool: AsyncConnectionPool, *, grace_s: float, ttl_s: float = 1.0,
                  max_entries: int = 10_000, acquire_timeout_s: float = 5.0,
+                 answer_within_s: float | None = None,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         self._pool = pool
+        # a database that stops answering (no error) is given up on after this long, as if
+        # it could not be reached; None waits for its answer
+        self._answer_within_s = answer_within_s
         # well inside the platform's wait for an answer: a lookup that cannot get a
         # connection soon falls back to the secrets read last (below) or answers 503
         self._acquire_timeout_s = acquire_timeout_s
@@ -194,14 +198,20 @@ class ChatSecretStore:
             task.add_done_callback(lambda done: self._settled(phone_number_id, done))
         try:
             # shield: a request that goes away must not cancel the lookup others wait on
-            return await asyncio.shield(task)
-        except LedgerUnavailable:
+            return await asyncio.wait_for(asyncio.shield(task), self._answer_within_s)
+        except (LedgerUnavailable, TimeoutError) as exc:
+            if isinstance(exc, TimeoutError) and self._inflight.get(phone_number_id) is task:
+                # the next lookup asks afresh; this one ends in the background, its answer
+                # cached then if it comes
+                del self._inflight[phone_number_id]
             # the database is down: secrets read in the last grace period still verify
             # (retirement is still judged at ``now``: a rotation this process has not seen
             # is honoured no longer than its grace would be), and the delivery goes to the
             # spool, not a 503. No rows read (an unknown number) stays a 503, never a 401.
             if cached is None or not cached[1] or \
                     self._monotonic() - (cached[0] - self._ttl) > self._grace.total_seconds():
+                if isinstance(exc, TimeoutError):
+                    raise LedgerUnavailable("the database did not answer in time") from exc
                 raise
             log.warning("chat_secret.stale_while_unavailable", phone_number_id=phone_number_id)
             return cached[1]

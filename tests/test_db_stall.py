@@ -1,0 +1,136 @@
+"""A database that stops answering, with no reset and no error: deliveries still get their
+answer inside the provider's window, from the spool, and reach the ledger exactly once.
+
+Before, the append's statement waited for ever, and every delivery queued behind it: no
+answer within the general system's 30 s, which then never sends the delivery again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import httpx
+
+from tests.chat_events import PHONE, inbound
+from tests.chat_events import encode as chat_encode
+from tests.chat_live import post_chat, wait_for
+from tests.general_events import encode, general_body
+from tests.live import running_service
+from tests.signing import general_header
+from tests.test_general_webhook import rows
+
+SECRET = "whsec-stall-1"
+
+
+class FreezableProxy:
+    """TCP on loopback to the database's Unix socket; while ``frozen`` it forwards nothing
+    either way (a partition: the connections stay open and silent)."""
+
+    def __init__(self, socket_path: str) -> None:
+        self.socket_path = socket_path
+        self.frozen = threading.Event()
+        self.port = 0
+        self._loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        threading.Thread(target=self._serve, args=(ready,), daemon=True).start()
+        if not ready.wait(10):
+            raise RuntimeError("the proxy did not start")
+
+    def _serve(self, ready: threading.Event) -> None:
+        async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(Exception):
+                while data := await reader.read(65536):
+                    while self.frozen.is_set():
+                        await asyncio.sleep(0.02)
+                    writer.write(data)
+                    await writer.drain()
+            writer.close()
+
+        async def connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            upstream_reader, upstream_writer = await asyncio.open_unix_connection(
+                self.socket_path)
+            await asyncio.gather(pump(reader, upstream_writer), pump(upstream_reader, writer))
+
+        async def main() -> None:
+            server = await asyncio.start_server(connect, "127.0.0.1", 0)
+            self.port = server.sockets[0].getsockname()[1]
+            ready.set()
+            await asyncio.Event().wait()
+
+        self._loop.run_until_complete(main())
+
+
+@contextlib.contextmanager
+def proxied(db_url: str) -> Iterator[tuple[str, FreezableProxy]]:
+    parts = urlsplit(db_url)
+    query = parse_qs(parts.query)
+    proxy = FreezableProxy(f"{query['host'][0]}/.s.PGSQL.{query['port'][0]}")
+    yield f"postgresql://{parts.username or 'postgres'}@127.0.0.1:{proxy.port}{parts.path}", proxy
+
+
+def post(base: str, reference: str) -> tuple[int, dict[str, object], float]:
+    raw = encode(general_body("payment.confirmed", 91000, reference=reference))
+    started = time.monotonic()
+    answer = httpx.post(f"{base}/webhooks/general/primary", content=raw, timeout=30,
+                        headers={"x-service-signature": general_header(SECRET, raw)})
+    return answer.status_code, answer.json(), time.monotonic() - started
+
+
+def test_a_silent_database_is_given_up_on_and_the_delivery_spooled(
+        db_url: str, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    with proxied(db_url) as (url, proxy), running_service(
+            url, home=str(home), general_secrets=f"primary={SECRET}",
+            append_stall_s=1.0) as base:
+        assert post(base, "BEFORE")[:2] == (200, {"status": "accepted", "duplicate": False,
+                                                  "position": 1})
+        proxy.frozen.set()
+        try:
+            status, answer, seconds = post(base, "DURING-1")
+            assert (status, answer.get("spooled")) == (200, True) and seconds < 5
+            # the spool has a backlog now: the next goes there at once, not after a wait
+            status, answer, seconds = post(base, "DURING-2")
+            assert (status, answer.get("spooled")) == (200, True) and seconds < 1
+        finally:
+            proxy.frozen.clear()
+        def general_references() -> list[str] | None:
+            found = [r for (r,) in rows(db_url, "SELECT payload->>'reference' FROM "
+                                                "hookledger.ledger WHERE source = 'general'")]
+            return found if len(found) >= 3 else None
+
+        assert sorted(wait_for(general_references, timeout_s=30)) == [
+            "BEFORE", "DURING-1", "DURING-2"]  # each once, whichever way it got there
+        wait_for(lambda: not any((home / "spool").glob("spool-*.hls")), timeout_s=30)
+
+
+def test_a_chat_delivery_is_answered_too_from_the_secrets_read_last(
+        db_url: str, tmp_path: Path) -> None:
+    """The chat secret lookup waited for ever as well: now, given up on, the secrets read
+    within the rotation grace still verify, and the delivery is spooled (before, no answer:
+    the platform retries, but only after its own 15 s wait, and the request hung on)."""
+    chat_secret = "chat-stall-secret-1"
+    with proxied(db_url) as (url, proxy), running_service(
+            url, home=str(tmp_path / "home"), chat_secrets={PHONE: chat_secret},
+            append_stall_s=1.0) as base:
+        first = post_chat(base, PHONE, chat_encode(inbound(message_id="wamid.S1")),
+                          chat_secret, delivery_id="stall-1")
+        assert first.status_code == 200 and first.json()["duplicate"] is False
+        proxy.frozen.set()
+        try:
+            time.sleep(1.2)  # past the secrets' one-second cache
+            started = time.monotonic()
+            during = post_chat(base, PHONE, chat_encode(inbound(message_id="wamid.S2")),
+                               chat_secret, delivery_id="stall-2")
+            assert during.status_code == 200 and during.json().get("spooled") is True
+            assert time.monotonic() - started < 5
+        finally:
+            proxy.frozen.clear()
+        assert wait_for(lambda: rows(db_url, "SELECT count(*) FROM hookledger.ledger "
+                                             "WHERE source = 'chat'")[0][0] == 2,
+                        timeout_s=30)
