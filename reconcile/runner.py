@@ -178,17 +178,19 @@ class Reconciler:
         # the resolutions just appended, folded: a check must see them closed, or it takes
         # a finding they closed for one still open and never raises it again
         await self._catch_up(conn)
-        done = 0
+        done = rechecked = 0
         while done < cfg.max_subjects:
             moment = now or datetime.now(UTC)
+            # the re-check allowance is the pass's: each chunk gets what earlier ones left
             due = await store.due_subjects(
                 conn, now=moment, window=cfg.window, recheck_age=cfg.recheck_age,
-                recheck_limit=cfg.recheck_limit,
+                recheck_limit=max(cfg.recheck_limit - rechecked, 0),
                 limit=min(cfg.chunk_size, cfg.max_subjects - done))
             if not due:
                 break
             await self._chunk(conn, due, result, moment)
             done += len(due)
+            rechecked += sum(1 for d in due if d.recheck)
             await self._catch_up(conn)
 
     async def _chunk(self, conn: store.Connection, due: Sequence[store.Due],

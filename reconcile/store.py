@@ -24,6 +24,7 @@ Connection = psycopg.AsyncConnection[Any]
 # about too, so the provider's record stands in for the webhook that could not be read
 FOUND_ELSEWHERE = ["conflicting_events", "malformed_delivery"]  # by the projector
 RECHECK_KINDS = [k for k in CHECK_KINDS if k != "missing_webhook"] + FOUND_ELSEWHERE
+RECHECK_PRIORITY = 4  # the ``recent`` part of DUE_SQL: the rolling re-check
 
 DUE_SQL = """
 WITH candidates AS (
@@ -68,6 +69,7 @@ WITH candidates AS (
        OR c.detected_at > s.last_checked_at
     ORDER BY c.subject, c.reference, c.priority
 ), recent AS (
+    -- re-checks only: a subject due anyway is not one, and uses up none of the allowance
     SELECT x.subject, x.reference, 4 AS priority FROM (
         SELECT 'collection' AS subject, p.reference, p.last_position, p.conflicted
         FROM hookledger_private.payments p
@@ -82,6 +84,8 @@ WITH candidates AS (
            ON s.subject = x.subject AND s.reference = x.reference
     WHERE le.received_at >= %(recent_since)s
       AND (s.subject IS NULL OR x.last_position > s.checked_position)
+      AND NOT EXISTS (SELECT 1 FROM due d WHERE d.subject = x.subject
+                                            AND d.reference = x.reference)
     ORDER BY x.conflicted DESC, x.last_position
     LIMIT %(recheck_limit)s
 )
@@ -98,6 +102,11 @@ class Due:
     subject: str
     reference: str
     priority: int
+
+    @property
+    def recheck(self) -> bool:
+        """Asked about only by the rolling re-check (counted against its allowance)."""
+        return self.priority == RECHECK_PRIORITY
 
 
 async def due_subjects(conn: Connection, *, now: datetime, window: timedelta,
