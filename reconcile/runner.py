@@ -78,6 +78,9 @@ class PassConfig:
     payout_window: timedelta = timedelta(hours=24)
     recheck_age: timedelta = timedelta(hours=24)
     recheck_limit: int = 500
+    # a success a check agreed with is asked again this often (0: never) while younger than
+    # recheck_age, since a lost payment.refunded changes nothing local to notice
+    refund_recheck: timedelta = timedelta(hours=6)
     max_subjects: int = 5000
     chunk_size: int = 500
     rate_per_s: float = 0.0  # 0: only the client's concurrency bounds the pace
@@ -185,6 +188,7 @@ class Reconciler:
             due = await store.due_subjects(
                 conn, now=moment, window=cfg.window, recheck_age=cfg.recheck_age,
                 recheck_limit=max(cfg.recheck_limit - rechecked, 0),
+                later_recheck=cfg.refund_recheck,
                 limit=min(cfg.chunk_size, cfg.max_subjects - done))
             if not due:
                 break

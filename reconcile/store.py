@@ -17,7 +17,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from reconcile.checks import CHECK_KINDS, Local, OpenDiscrepancy
+from reconcile.checks import CHECK_KINDS, SUCCESSORS, Local, OpenDiscrepancy
 
 Connection = psycopg.AsyncConnection[Any]
 # open findings whose subject is asked about again; a malformed delivery's payment is asked
@@ -25,6 +25,9 @@ Connection = psycopg.AsyncConnection[Any]
 FOUND_ELSEWHERE = ["conflicting_events", "malformed_delivery"]  # by the projector
 RECHECK_KINDS = [k for k in CHECK_KINDS if k != "missing_webhook"] + FOUND_ELSEWHERE
 RECHECK_PRIORITY = 4  # the ``recent`` part of DUE_SQL: the rolling re-check
+# final outcomes that can still change (a success refunded): re-checked though unchanged
+LATER_STATES = {subject: sorted(SUCCESSORS.get(subject, {})) for subject in ("collection",
+                                                                            "payout")}
 
 DUE_SQL = """
 WITH candidates AS (
@@ -69,24 +72,38 @@ WITH candidates AS (
        OR c.detected_at > s.last_checked_at
     ORDER BY c.subject, c.reference, c.priority
 ), recent AS (
-    -- re-checks only: a subject due anyway is not one, and uses up none of the allowance
-    SELECT x.subject, x.reference, 4 AS priority FROM (
-        SELECT 'collection' AS subject, p.reference, p.last_position, p.conflicted
-        FROM hookledger_private.payments p
-        WHERE p.outcome IN ('success', 'failure', 'refunded')
-        UNION ALL
-        SELECT 'payout', o.reference, o.last_position, o.conflicted
-        FROM hookledger_private.payouts o
-        WHERE o.outcome IN ('success', 'failure', 'refunded')
-    ) x
-    JOIN hookledger_private.ledger_events le ON le.position = x.last_position
-    LEFT JOIN hookledger_private.reconcile_subjects s
-           ON s.subject = x.subject AND s.reference = x.reference
-    WHERE le.received_at >= %(recent_since)s
-      AND (s.subject IS NULL OR x.last_position > s.checked_position)
-      AND NOT EXISTS (SELECT 1 FROM due d WHERE d.subject = x.subject
-                                            AND d.reference = x.reference)
-    ORDER BY x.conflicted DESC, x.last_position
+    -- re-checks only: a subject due anyway is not one, and uses up none of the allowance.
+    -- A final payment is re-checked once its row changed since its last check; one with a
+    -- legitimate later state (a success can still be refunded) also when a check agreed
+    -- with it (nothing else pending) long enough ago: the later state's webhook may be lost
+    SELECT subject, reference, 4 AS priority FROM (
+        SELECT x.subject, x.reference, x.conflicted, x.last_position, x.later_possible,
+               s.next_check_at, s.last_checked_at,
+               s.subject IS NOT NULL AND x.last_position <= s.checked_position AS unchanged
+        FROM (
+            SELECT 'collection' AS subject, p.reference, p.last_position, p.conflicted,
+                   p.outcome = ANY(%(collection_later)s) AS later_possible
+            FROM hookledger_private.payments p
+            WHERE p.outcome IN ('success', 'failure', 'refunded')
+            UNION ALL
+            SELECT 'payout', o.reference, o.last_position, o.conflicted,
+                   o.outcome = ANY(%(payout_later)s)
+            FROM hookledger_private.payouts o
+            WHERE o.outcome IN ('success', 'failure', 'refunded')
+        ) x
+        JOIN hookledger_private.ledger_events le ON le.position = x.last_position
+        LEFT JOIN hookledger_private.reconcile_subjects s
+               ON s.subject = x.subject AND s.reference = x.reference
+        WHERE le.received_at >= %(recent_since)s
+          AND NOT EXISTS (SELECT 1 FROM due d WHERE d.subject = x.subject
+                                                AND d.reference = x.reference)
+    ) r
+    WHERE NOT unchanged
+       OR (later_possible AND next_check_at IS NULL
+           AND last_checked_at <= %(later_before)s::timestamptz)
+    -- changed rows first (conflicted ones first among them), then the longest unasked
+    ORDER BY unchanged, conflicted DESC, CASE WHEN unchanged THEN last_checked_at END,
+             last_position
     LIMIT %(recheck_limit)s
 )
 SELECT subject, reference, min(priority) AS priority FROM (
@@ -110,11 +127,18 @@ class Due:
 
 
 async def due_subjects(conn: Connection, *, now: datetime, window: timedelta,
-                       recheck_age: timedelta, recheck_limit: int, limit: int) -> list[Due]:
+                       recheck_age: timedelta, recheck_limit: int, limit: int,
+                       later_recheck: timedelta = timedelta(0)) -> list[Due]:
+    """What to ask about now, at most ``limit``, of which at most ``recheck_limit`` only
+    for the rolling re-check. A final payment younger than ``recheck_age`` whose outcome
+    has a later state (:data:`~reconcile.checks.SUCCESSORS`) is re-checked every
+    ``later_recheck`` after a check agreed with it (``0``: never)."""
+    later_before = now - later_recheck if later_recheck > timedelta(0) else None
     cur = await conn.execute(DUE_SQL, {
         "now": now, "overdue": now - window, "recent_since": now - recheck_age,
         "recheck_limit": recheck_limit, "limit": limit, "recheck_kinds": RECHECK_KINDS,
-        "found_elsewhere": FOUND_ELSEWHERE})
+        "found_elsewhere": FOUND_ELSEWHERE, "later_before": later_before,
+        "collection_later": LATER_STATES["collection"], "payout_later": LATER_STATES["payout"]})
     return [Due(str(s), str(r), int(p)) for s, r, p in await cur.fetchall()]
 
 

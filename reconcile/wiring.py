@@ -28,6 +28,7 @@ def config_from(settings: Any) -> PassConfig:
         payout_window=timedelta(seconds=settings.reconcile_payout_window_s),
         recheck_age=timedelta(seconds=settings.reconcile_recheck_age_s),
         recheck_limit=settings.reconcile_recheck_per_pass,
+        refund_recheck=timedelta(seconds=settings.reconcile_refund_recheck_s),
         max_subjects=settings.reconcile_max_per_pass,
         rate_per_s=settings.reconcile_rate_per_s,
         retry_base=timedelta(seconds=settings.reconcile_interval_s),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import Counter
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -70,14 +70,16 @@ def expect(url: str, reference: str, kind: str, amount: int | str, *,
 
 
 def reconcile(url: str, api: str, *, timeout_s: float = 2.0, max_attempts: int = 3,
-              concurrency: int = 8, **config: Any) -> PassResult:
+              concurrency: int = 8, now: datetime | None = None, **config: Any
+              ) -> PassResult:
+    """One pass on the sandbox at ``api``; ``now`` pretends the clock reads that."""
     async def go() -> PassResult:
         async with ReferenceClient(api, API_KEY, timeout_s=timeout_s, connect_timeout_s=1,
                                    max_attempts=max_attempts, backoff_base_s=0.01,
                                    backoff_cap_s=0.05, concurrency=concurrency,
                                    seed=1) as client:
             cfg = PassConfig(**{"recheck_age": timedelta(days=3650), **config})
-            return await Reconciler(url, client, cfg).run_pass()
+            return await Reconciler(url, client, cfg).run_pass(now=now)
     return asyncio.run(go())
 
 

@@ -3,6 +3,17 @@ successful collections that a lost payment.refunded would otherwise hide for eve
 
 from __future__ import annotations
 
+import os
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from hookledger.settings import Settings
+from reconcile.wiring import config_from
+from sandbox.runner import running_sandbox
 from tests.reconcile_helpers import CountingState, body, deliver, expect, reconcile, rows
 
 
@@ -16,8 +27,6 @@ def test_the_recheck_allowance_holds_for_the_whole_pass_not_for_each_chunk(
         db_url: str) -> None:
     """Six fresh confirmations, two re-checks a pass, chunks of two: a pass asks about two,
     and the next pass about the next two."""
-    from sandbox.runner import running_sandbox
-
     state = CountingState()
     for i in range(6):
         confirmed(db_url, state, f"RC-{i}")
@@ -33,8 +42,6 @@ def test_the_recheck_allowance_holds_for_the_whole_pass_not_for_each_chunk(
 def test_subjects_due_anyway_do_not_use_up_the_recheck_allowance(db_url: str) -> None:
     """An overdue expectation is asked about whatever the allowance; the allowance (two) is
     for re-checks only, counted across chunks of one."""
-    from sandbox.runner import running_sandbox
-
     state = CountingState()
     state.record_general(body("payment.confirmed", 91000, reference="EX-1", amount=30))
     expect(db_url, "EX-1", "collection", 30)
@@ -44,3 +51,99 @@ def test_subjects_due_anyway_do_not_use_up_the_recheck_allowance(db_url: str) ->
         result = reconcile(db_url, api.url, recheck_limit=2, chunk_size=1)
     assert result.checked == 3 and result.recovered == ["EX-1"]
     assert state.asked["EX-1"] == 1 and sum(state.asked.values()) == 3
+
+
+def test_a_lost_refund_of_a_checked_collection_is_found_after_the_refund_interval(
+        db_url: str) -> None:
+    """A confirmation a check agreed with is asked about again after the refund interval
+    (6 h), not before; the provider's refund, whose webhook was lost, is then recovered."""
+    state = CountingState()
+    confirmed(db_url, state, "C-RF", 900)
+    start = datetime.now(UTC)
+    with running_sandbox(state=state) as api:
+        first = reconcile(db_url, api.url, now=start)
+        assert first.results == {"agrees": 1} and state.asked["C-RF"] == 1
+        # the provider refunds it; the payment.refunded webhook never arrives
+        state.record_general(body("payment.refunded", 91010, reference="C-RF", amount=900,
+                                  status="REVERSED"))
+        early = reconcile(db_url, api.url, now=start + timedelta(hours=5, minutes=59))
+        assert (early.checked, state.asked["C-RF"]) == (0, 1)
+        later = reconcile(db_url, api.url, now=start + timedelta(hours=6, minutes=1))
+        assert later.recovered == ["C-RF"] and state.asked["C-RF"] == 2
+        # refunded has no later state: not asked about again
+        after = reconcile(db_url, api.url, now=start + timedelta(hours=13))
+    assert (after.checked, state.asked["C-RF"]) == (0, 2)
+    assert rows(db_url, "SELECT status, outcome, code, recovered FROM hookledger.payments"
+                ) == [("REVERSED", "refunded", 91010, True)]
+    assert rows(db_url, "SELECT kind, status, amount_at_risk FROM hookledger.discrepancies"
+                ) == [("missing_webhook", "open", Decimal(900))]
+
+
+def test_a_collection_that_stays_paid_is_asked_about_every_interval(db_url: str) -> None:
+    """Each agreeing re-check starts the interval again."""
+    state = CountingState()
+    confirmed(db_url, state, "C-OK", 500)
+    start = datetime.now(UTC)
+    with running_sandbox(state=state) as api:
+        for hours in (0, 3, 7, 10, 14):
+            reconcile(db_url, api.url, now=start + timedelta(hours=hours))
+    assert state.asked["C-OK"] == 3  # at 0, 7 and 14 h
+    assert rows(db_url, "SELECT count(*) FROM hookledger.discrepancies") == [(0,)]
+
+
+def test_refund_rechecks_skip_payouts_failures_old_payments_and_can_be_turned_off(
+        db_url: str) -> None:
+    """A confirmed payout and a failed collection have no later state to miss; a payment
+    older than the re-check age is no longer asked; 0 turns the refund re-check off."""
+    state = CountingState()
+    confirmed(db_url, state, "C-1")
+    state.record_general(body("payout.confirmed", 92000, reference="PO-1", amount=70,
+                              service="Disbursement", type_="PAYOUT"))
+    deliver(db_url, "payout.confirmed", 92000, reference="PO-1", amount=70,
+            service="Disbursement", type_="PAYOUT")
+    state.record_general(body("payment.failed", 91053, reference="F-1", amount=0,
+                              status="FAILED", transaction_id="-1"))
+    deliver(db_url, "payment.failed", 91053, reference="F-1", amount=0, status="FAILED",
+            transaction_id="-1")
+    start = datetime.now(UTC)
+    with running_sandbox(state=state) as api:
+        reconcile(db_url, api.url, now=start)
+        assert dict(state.asked) == {"C-1": 1, "PO-1": 1, "F-1": 1}
+        off = reconcile(db_url, api.url, now=start + timedelta(hours=7),
+                        refund_recheck=timedelta(0))
+        assert off.checked == 0
+        old = reconcile(db_url, api.url, now=start + timedelta(hours=7),
+                        recheck_age=timedelta(hours=6))
+        assert old.checked == 0
+        on = reconcile(db_url, api.url, now=start + timedelta(hours=7))
+    assert on.checked == 1 and dict(state.asked) == {"C-1": 2, "PO-1": 1, "F-1": 1}
+
+
+def test_refund_rechecks_share_the_recheck_allowance_and_come_after_changed_payments(
+        db_url: str) -> None:
+    """Three checked confirmations due for a refund re-check and one new confirmation, two
+    re-checks a pass: the new one first, then the longest unasked of the three."""
+    state = CountingState()
+    start = datetime.now(UTC)
+    with running_sandbox(state=state) as api:
+        for i in range(3):
+            confirmed(db_url, state, f"C-{i}")
+            reconcile(db_url, api.url, now=start + timedelta(minutes=i))
+        confirmed(db_url, state, "C-NEW")
+        result = reconcile(db_url, api.url, now=start + timedelta(hours=7), recheck_limit=2,
+                           chunk_size=1)
+    assert result.checked == 2
+    assert dict(state.asked) == {"C-0": 2, "C-1": 1, "C-2": 1, "C-NEW": 1}
+
+
+def test_the_refund_interval_comes_from_its_setting(monkeypatch: pytest.MonkeyPatch,
+                                                    tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)
+    for key in [k for k in os.environ if k.startswith("HOOKLEDGER_")]:
+        monkeypatch.delenv(key)
+    assert config_from(Settings()).refund_recheck == timedelta(hours=6)
+    monkeypatch.setenv("HOOKLEDGER_RECONCILE_REFUND_RECHECK_S", "0")
+    assert config_from(Settings()).refund_recheck == timedelta(0)
+    monkeypatch.setenv("HOOKLEDGER_RECONCILE_REFUND_RECHECK_S", "-1")
+    with pytest.raises(ValidationError, match="reconcile_refund_recheck_s"):
+        Settings()
