@@ -74,11 +74,14 @@ def _since(value: str | None) -> datetime | None:
               help="Write here (default: standard output).")
 def report_command(fmt: str, since: str | None, out: Path | None) -> None:
     """Write a discrepancy report (html, md, csv or json)."""
+    from reconcile.wiring import report_windows
+
     settings = _root()
     start = _since(since)
     with database(settings) as url:
         migrate.upgrade(url)
-        text = render(asyncio.run(report_for(url, since=start)), fmt)
+        text = render(asyncio.run(report_for(url, since=start,
+                                             windows=report_windows(settings))), fmt)
     if out is None:
         click.echo(text, nl=False)
     else:

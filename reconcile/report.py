@@ -43,7 +43,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -66,10 +66,10 @@ ACTIONS = {
                        "registered or delivered as: nothing was recovered.",
     "amount_mismatch": "The amount differs. For a part payment compare with the amount "
                        "requested and collect the rest or refund; otherwise check the order.",
-    "unresolved": "Not final after the 90 s window: it will not resolve on its own. Tell "
-                  "the customer and start a new collection if they still want to pay.",
+    "unresolved": "Not final after its resolution window. Check its state with the "
+                  "provider by reference before doing anything that moves money again.",
     "unknown_at_provider": "The provider does not know this reference: the initiation most "
-                           "likely failed. Re-initiate if the customer still wants to pay.",
+                           "likely failed. Check it by reference before initiating again.",
     "conflicting_events": "Webhooks contradict each other; check the payment by reference "
                           "and confirm the state kept.",
     "unsettled_paid_invoice": "invoice.paid arrived with money still due: do not treat the "
@@ -80,6 +80,48 @@ ACTIONS = {
                           "ledger but in no view. Reconciliation asks the provider about its "
                           "payment; check the rest by hand from the raw body at its position.",
 }
+# advice that depends on the subject: what is safe to do again differs for money coming in
+# (a collection) and money going out (a payout, where a second one can pay twice)
+SUBJECT_ACTIONS: dict[tuple[str, str], str] = {
+    ("unresolved", "collection"):
+        "Not final after the {window} resolution window: a collection this old will not "
+        "resolve on its own. Tell the customer, and start a new collection if they still "
+        "want to pay.",
+    ("unresolved", "payout"):
+        "Not final after the {window} payout window. Do not start another payout for it: "
+        "this one may already be approved and debited, and can still complete, which would "
+        "pay twice. Ask the provider's support about it by reference; if it fails, the "
+        "provider refunds the wallet itself (payout.failed).",
+    ("unknown_at_provider", "collection"):
+        "The provider does not know this reference: the initiation most likely failed. "
+        "Re-initiate if the customer still wants to pay.",
+    ("unknown_at_provider", "payout"):
+        "The provider does not know this payout's reference: the initiation most likely "
+        "failed and nothing was debited. Confirm that with the provider (and the wallet "
+        "balance) before paying out again, under a new reference.",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Windows:
+    """The resolution windows the advice names: ``HOOKLEDGER_RESOLUTION_WINDOW_S`` for a
+    collection, ``HOOKLEDGER_RECONCILE_PAYOUT_WINDOW_S`` for a payout (defaults alike)."""
+
+    collection: timedelta = timedelta(seconds=90)
+    payout: timedelta = timedelta(hours=24)
+
+    def of(self, subject: str) -> timedelta | None:
+        return {"collection": self.collection, "payout": self.payout}.get(subject)
+
+
+def duration_text(delta: timedelta) -> str:
+    """``90 s``, ``2 min``, ``24 h``: the largest unit that states it exactly."""
+    seconds = int(delta.total_seconds())
+    if seconds >= 3600 and seconds % 3600 == 0:
+        return f"{seconds // 3600} h"
+    if seconds >= 120 and seconds % 60 == 0:
+        return f"{seconds // 60} min"
+    return f"{seconds} s"
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,9 +139,15 @@ class Row:
     code: int | None = None
 
 
-def action_for(kind: str, code: int | None) -> str:
-    """What to do, with the spec's retry guidance when a failure code is known."""
-    text = ACTIONS.get(kind, "Look at the subject's history in hookledger.ledger.")
+def action_for(kind: str, code: int | None, subject: str = "",
+               windows: Windows | None = None) -> str:
+    """What to do for a discrepancy of ``kind`` about ``subject``, naming its configured
+    window, with the spec's retry guidance when a failure code is known."""
+    text = SUBJECT_ACTIONS.get((kind, subject)) or ACTIONS.get(
+        kind, "Look at the subject's history in hookledger.ledger.")
+    window = (windows or Windows()).of(subject)
+    if window is not None:
+        text = text.replace("{window}", duration_text(window))
     info = CODES.get(code) if code is not None else None
     if info is not None and code is not None and code % 100 >= 50:
         text += f" Code {code}: {info.meaning}; retry: {info.retry}."
@@ -121,8 +169,8 @@ def at_risk(rows: Iterable[Row]) -> Decimal:
     return sum(largest.values(), Decimal(0))
 
 
-def build_report(rows: Iterable[Row], *, now: datetime, since: datetime | None = None
-                 ) -> dict[str, Any]:
+def build_report(rows: Iterable[Row], *, now: datetime, since: datetime | None = None,
+                 windows: Windows | None = None) -> dict[str, Any]:
     counts: dict[str, dict[str, list[int]]] = {"kind": defaultdict(lambda: [0, 0]),
                                                "service": defaultdict(lambda: [0, 0])}
     open_by: dict[str, dict[str, list[Row]]] = {"kind": defaultdict(list),
@@ -172,7 +220,8 @@ def build_report(rows: Iterable[Row], *, now: datetime, since: datetime | None =
                   else _money(r.amount_at_risk),
                   "detected_at": r.detected_at.isoformat(),
                   "age_s": int((now - r.detected_at).total_seconds()),
-                  "action": action_for(r.kind, r.code)} for r in open_rows],
+                  "action": action_for(r.kind, r.code, r.subject, windows)}
+                 for r in open_rows],
     }
 
 
@@ -332,14 +381,16 @@ async def load_rows(url: str, since: datetime | None) -> list[Row]:
 
 
 async def report_for(url: str, *, since: datetime | None = None,
-                     now: datetime | None = None) -> dict[str, Any]:
+                     now: datetime | None = None, windows: Windows | None = None
+                     ) -> dict[str, Any]:
     return build_report(await load_rows(url, since), now=now or datetime.now(UTC),
-                        since=since)
+                        since=since, windows=windows)
 
 
-async def write_scheduled_report(url: str, directory: Path) -> list[Path]:
+async def write_scheduled_report(url: str, directory: Path,
+                                 windows: Windows | None = None) -> list[Path]:
     """Every format, stamped, plus ``latest.*`` copies, under ``directory``."""
-    report = await report_for(url)
+    report = await report_for(url, windows=windows)
     directory.mkdir(parents=True, exist_ok=True)
     _remove_abandoned(directory)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")

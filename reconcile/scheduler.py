@@ -18,7 +18,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from reconcile.client import ReferenceClient
 from reconcile.metrics import ReconcileMetrics
-from reconcile.report import write_scheduled_report
+from reconcile.report import Windows, write_scheduled_report
 from reconcile.runner import PassResult, Reconciler
 
 log = structlog.get_logger("hookledger.reconcile")
@@ -31,9 +31,10 @@ class ReconcileScheduler:
 
     def __init__(self, reconciler: Reconciler | None, client: ReferenceClient | None, *,
                  interval_s: float, database_url: str, reports_dir: Path | None = None,
-                 report_interval_s: float = 0, metrics: ReconcileMetrics | None = None
-                 ) -> None:
+                 report_interval_s: float = 0, metrics: ReconcileMetrics | None = None,
+                 report_windows: Windows | None = None) -> None:
         self._reconciler = reconciler
+        self._windows = report_windows
         self._client = client
         self._metrics = metrics
         self._url = database_url
@@ -77,7 +78,7 @@ class ReconcileScheduler:
     async def report_once(self) -> Any:
         assert self._reports_dir is not None
         try:
-            return await write_scheduled_report(self._url, self._reports_dir)
+            return await write_scheduled_report(self._url, self._reports_dir, self._windows)
         except Exception as exc:  # noqa: BLE001
             log.error("reconcile.report_failed", error=type(exc).__name__)
             return None

@@ -7,6 +7,7 @@ from typing import Any
 
 from reconcile.client import ReferenceClient
 from reconcile.records import RecordMapping
+from reconcile.report import Windows
 from reconcile.runner import PassConfig
 
 
@@ -33,3 +34,9 @@ def config_from(settings: Any) -> PassConfig:
         rate_per_s=settings.reconcile_rate_per_s,
         retry_base=timedelta(seconds=settings.reconcile_interval_s),
         zone=settings.zone)
+
+
+def report_windows(settings: Any) -> Windows:
+    """The windows a report's advice names, as reconciliation judges them."""
+    return Windows(collection=timedelta(seconds=settings.resolution_window_s),
+                   payout=timedelta(seconds=settings.reconcile_payout_window_s))

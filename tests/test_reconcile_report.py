@@ -6,14 +6,28 @@ import asyncio
 import csv
 import io
 import json
+import os
 import re
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from pathlib import Path
 
-from reconcile.report import Row, build_report, render, report_for
+import pytest
+from click.testing import CliRunner
+
+from hookledger.cli import main
+from reconcile.report import Row, Windows, build_report, render, report_for
 from sandbox.faults import FaultSettings
 from sandbox.runner import running_sandbox
-from tests.reconcile_helpers import CountingState, body, deliver, expect, reconcile, rows
+from tests.reconcile_helpers import (
+    API_KEY,
+    CountingState,
+    body,
+    deliver,
+    expect,
+    reconcile,
+    rows,
+)
 
 
 def faulty_scenario(db_url: str) -> None:
@@ -112,3 +126,84 @@ def test_money_at_risk_counts_each_payment_once_as_the_reports_do(db_url: str) -
     assert rows(db_url, "SELECT count(*) FROM hookledger.money_at_risk") == rows(
         db_url, "SELECT count(DISTINCT (subject, reference)) FROM hookledger.discrepancies "
                 "WHERE status = 'open'")
+
+
+def test_an_unresolved_payout_is_never_advised_a_new_collection(
+        db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """From the command line, windows set: the unresolved payout's advice names the payout
+    window and warns against paying twice; the collection's names its own window."""
+    state = CountingState()
+    state.put_record("PO-U", {"reference": "PO-U", "status": "APPROVED", "amount": 700,
+                              "event": "payout.approved", "code": 92002,
+                              "service": "Disbursement", "type": "PAYOUT"})
+    state.put_record("C-U", {"reference": "C-U", "status": "PENDING", "amount": 500,
+                             "service": "Collection", "type": "CHARGE"})
+    expect(db_url, "PO-U", "payout", 700, minutes_ago=3 * 60)  # past a 2 h payout window
+    expect(db_url, "C-U", "collection", 500)
+    for key in [k for k in os.environ if k.startswith("HOOKLEDGER_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOOKLEDGER_DATABASE_URL", db_url)
+    monkeypatch.setenv("HOOKLEDGER_HOME", str(tmp_path))
+    monkeypatch.setenv("HOOKLEDGER_API_KEY", API_KEY)
+    monkeypatch.setenv("HOOKLEDGER_RECONCILE_PAYOUT_WINDOW_S", "7200")
+    monkeypatch.setenv("HOOKLEDGER_RESOLUTION_WINDOW_S", "120")
+    runner = CliRunner()
+    with running_sandbox(state=state) as api:
+        monkeypatch.setenv("HOOKLEDGER_API_BASE_URL", api.url)
+        found = runner.invoke(main, ["reconcile"])
+        assert found.exit_code == 0, found.output
+    out = tmp_path / "r.json"
+    written = runner.invoke(main, ["report", "--format", "json", "--out", str(out)])
+    assert written.exit_code == 0, written.output
+    actions = {(o["kind"], o["subject"]): o["action"]
+               for o in json.loads(out.read_text())["open"]}
+    assert set(actions) == {("unresolved", "payout"), ("unresolved", "collection")}
+    payout = actions[("unresolved", "payout")]
+    assert "collection" not in payout and "90 s" not in payout
+    assert "2 h payout window" in payout and "twice" in payout
+    collection = actions[("unresolved", "collection")]
+    assert "2 min" in collection and "90 s" not in collection
+
+
+def test_each_subject_gets_its_own_advice_and_its_own_window() -> None:
+    now = datetime(2026, 11, 22, 12, tzinfo=UTC)
+
+    def row(i: str, kind: str, subject: str, service: str) -> Row:
+        return Row(i, kind, service, subject, f"R-{i}", "d", None, "open",
+                   now - timedelta(minutes=int(i)), None)
+
+    report = build_report([row("1", "unresolved", "collection", "Collection"),
+                           row("2", "unresolved", "payout", "Disbursement"),
+                           row("3", "unknown_at_provider", "payout", "Disbursement"),
+                           row("4", "unknown_at_provider", "collection", "Collection")],
+                          now=now, windows=Windows(collection=timedelta(seconds=90),
+                                                   payout=timedelta(hours=24)))
+    actions = {o["reference"]: o["action"] for o in report["open"]}
+    assert "90 s" in actions["R-1"] and "new collection" in actions["R-1"]
+    assert "24 h" in actions["R-2"] and "collection" not in actions["R-2"]
+    assert "customer" not in actions["R-3"] and "again" in actions["R-3"]
+    assert "Re-initiate" in actions["R-4"]
+
+
+def test_scheduled_reports_name_the_configured_payout_window(db_url: str,
+                                                            tmp_path: Path) -> None:
+    from reconcile.scheduler import ReconcileScheduler
+
+    state = CountingState()
+    state.put_record("PO-U", {"reference": "PO-U", "status": "APPROVED", "amount": 700,
+                              "event": "payout.approved", "code": 92002,
+                              "service": "Disbursement", "type": "PAYOUT"})
+    expect(db_url, "PO-U", "payout", 700, minutes_ago=3 * 60)
+    with running_sandbox(state=state) as api:
+        reconcile(db_url, api.url, payout_window=timedelta(hours=2))
+
+    async def write() -> None:
+        reports = ReconcileScheduler(None, None, interval_s=60, database_url=db_url,
+                                     reports_dir=tmp_path, report_interval_s=3600,
+                                     report_windows=Windows(payout=timedelta(hours=2)))
+        assert await reports.report_once()
+
+    asyncio.run(write())
+    (only,) = json.loads((tmp_path / "latest.json").read_text())["open"]
+    assert "2 h payout window" in only["action"] and "collection" not in only["action"]
