@@ -172,6 +172,25 @@ class Settings(BaseSettings):
     def _chat_causes(cls, value: Any) -> dict[str, int]:
         return parse_error_causes(value)
 
+    @field_validator("reconcile_record_paths")
+    @classmethod
+    def _record_paths(cls, value: dict[str, str]) -> dict[str, str]:
+        """The mapping the API client will use, built here: refused by the client, it
+        stopped `reconcile` with a traceback and `serve` with a worker's start failure."""
+        from reconcile.errors import MappingError
+        from reconcile.records import DEFAULT_PATHS, RecordMapping
+
+        try:
+            RecordMapping.create(value)
+        except MappingError as exc:
+            raise ValueError(f"{exc}; the fields are {', '.join(sorted(DEFAULT_PATHS))}"
+                             ) from None
+        for name, path in value.items():
+            if not all(step.strip() for step in path.split(".")):
+                raise ValueError(f"the path of {name!r} must be dotted names such as "
+                                 "payment.state, with no empty step")
+        return value
+
     @field_validator("provider_timezone")
     @classmethod
     def _zone(cls, value: str) -> str:

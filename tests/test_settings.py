@@ -103,3 +103,41 @@ def test_the_provider_zone_is_known_without_the_hosts_zone_database(tmp_path: Pa
          "s.zone.utcoffset(__import__('datetime').datetime(2026, 1, 1)))"],
         env=env, cwd=tmp_path, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["()", "Africa/Dar_es_Salaam", "3:00:00"]
+
+
+@pytest.mark.parametrize("raw", ['{"stauts": "payment.state"}',
+                                 '{"status": "payment.state", "amout": "payment.paid"}',
+                                 '{"status": ""}', '{"status": "payment..state"}'])
+def test_a_record_mapping_no_record_could_be_read_with_is_refused_at_start(
+        monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
+    monkeypatch.setenv("HOOKLEDGER_RECONCILE_RECORD_PATHS", raw)
+    with pytest.raises(ValidationError, match="reconcile_record_paths"):
+        Settings()
+
+
+def test_a_record_mapping_of_known_fields_is_kept(monkeypatch: pytest.MonkeyPatch,
+                                                  tmp_path: Path) -> None:
+    monkeypatch.setenv("HOOKLEDGER_RECONCILE_RECORD_PATHS",
+                       '{"status": "payment.state", "amount": "payment.paid"}')
+    assert Settings().reconcile_record_paths == {"status": "payment.state",
+                                                 "amount": "payment.paid"}
+    monkeypatch.delenv("HOOKLEDGER_RECONCILE_RECORD_PATHS")
+    (tmp_path / "hookledger.toml").write_text(
+        '[reconcile_record_paths]\nstatus = "payment.state"\n')
+    assert Settings().reconcile_record_paths == {"status": "payment.state"}
+
+
+def test_a_mistyped_record_field_stops_a_command_with_the_variables_name(
+        monkeypatch: pytest.MonkeyPatch, db_url: str) -> None:
+    """No traceback: one line naming the variable and the unknown field."""
+    from click.testing import CliRunner
+
+    from hookledger.cli import main
+
+    monkeypatch.setenv("HOOKLEDGER_DATABASE_URL", db_url)
+    monkeypatch.setenv("HOOKLEDGER_API_BASE_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("HOOKLEDGER_RECONCILE_RECORD_PATHS", '{"stauts": "payment.state"}')
+    result = CliRunner().invoke(main, ["reconcile"])
+    assert result.exit_code != 0 and not isinstance(result.exception, ValidationError)
+    assert "HOOKLEDGER_RECONCILE_RECORD_PATHS" in result.output and "stauts" in result.output
+    assert "Traceback" not in result.output
