@@ -197,13 +197,8 @@ class ChatSecretStore:
             self._inflight[phone_number_id] = task
             task.add_done_callback(lambda done: self._settled(phone_number_id, done))
         try:
-            # shield: a request that goes away must not cancel the lookup others wait on
-            return await asyncio.wait_for(asyncio.shield(task), self._answer_within_s)
+            return await self._answer(phone_number_id, task)
         except (LedgerUnavailable, TimeoutError) as exc:
-            if isinstance(exc, TimeoutError) and self._inflight.get(phone_number_id) is task:
-                # the next lookup asks afresh; this one ends in the background, its answer
-                # cached then if it comes
-                del self._inflight[phone_number_id]
             # the database is down: secrets read in the last grace period still verify
             # (retirement is still judged at ``now``: a rotation this process has not seen
             # is honoured no longer than its grace would be), and the delivery goes to the
@@ -215,6 +210,26 @@ class ChatSecretStore:
                 raise
             log.warning("chat_secret.stale_while_unavailable", phone_number_id=phone_number_id)
             return cached[1]
+
+    async def _answer(self, phone_number_id: str,
+                      task: asyncio.Task[tuple[_Row, ...]]) -> tuple[_Row, ...]:
+        """The lookup's rows, or ``TimeoutError`` once the database has not answered in
+        time: the first request to give up cancels the lookup (psycopg cancels its query
+        and frees the connection, which a silent database would hold for as long as TCP
+        retries), and every other request waiting on it gives up with it."""
+        try:
+            # shield: a request that goes away must not cancel the lookup others wait on
+            return await asyncio.wait_for(asyncio.shield(task), self._answer_within_s)
+        except TimeoutError:
+            if self._inflight.get(phone_number_id) is task:
+                del self._inflight[phone_number_id]  # the next lookup asks afresh
+            task.cancel()
+            raise
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if task.cancelled() and current is not None and not current.cancelling():
+                raise TimeoutError("another request gave up on this lookup") from None
+            raise
 
     def _settled(self, phone_number_id: str, task: asyncio.Task[tuple[_Row, ...]]) -> None:
         if self._inflight.get(phone_number_id) is task:

@@ -397,16 +397,24 @@ def _invoice_values(event: StoredEvent, block: dict[str, Any]) -> dict[str, Any]
     }
 
 
-def _held_mark(state: Row, marks: dict[str, Any], name: str) -> list[Any] | None:
-    """The order of the event a field's value came from; None when any event may replace it.
+def _marks_of(state: Row) -> dict[str, Any]:
+    """The row's per-field marks. A row folded before each field kept its own took its
+    amounts and ``last_event`` from the block under ``block_key``: that is their mark, set
+    here before ``block_key`` moves on (read later, it would be a newer block's, one that
+    may not give the field, and an older event that does would be refused)."""
+    marks = dict(state["provenance"])
+    if state.get("block_key"):
+        for name in ("amount_paid", "amount_due", "last_event"):
+            if name not in marks and state.get(name) is not None:
+                marks[name] = list(state["block_key"])
+    return marks
 
-    Rows folded before each field kept its own mark: their amounts came from the block
-    under ``block_key``, their other fields under a rank-first mark (of another shape),
-    which the next event carrying the field replaces, as ``hookledger rebuild`` would."""
+
+def _held_mark(marks: dict[str, Any], name: str) -> list[Any] | None:
+    """The order of the event a field's value came from; None when any event may replace
+    it: none yet, or a rank-first mark of the shape rows kept before (the next event
+    giving the field replaces it, as ``hookledger rebuild`` would)."""
     held = marks.get(name)
-    if held is None and name in ("amount_paid", "amount_due", "last_event") \
-            and state.get(name) is not None:
-        held = state.get("block_key")
     if held is None or len(held) not in (4, 5) or not isinstance(held[1], str):
         return None
     return list(held)
@@ -433,12 +441,12 @@ def fold_invoice(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrep
         "cancelled": False, "paid_event": False, "block_key": None, "provenance": {},
         "event_count": 0, "last_position": 0, "updated_at": None, "last_event": None,
         "conflicted": False}
-    marks = dict(state["provenance"])
+    marks = _marks_of(state)
     for name in INVOICE_FIELDS:
         value = values[name]
         if value is None:
             continue
-        held = _held_mark(state, marks, name)
+        held = _held_mark(marks, name)
         if held is None or _block_newer(order, held):
             state[name] = value
             marks[name] = order

@@ -26,7 +26,7 @@ RECOVERY_EVENT: dict[tuple[str, str], str] = {
     ("payout", "failure"): "payout.failed",
 }
 
-# an amount's magnitude (10**15 TZS) and decimal places past which it is no money
+# an amount's magnitude (below 10**16 TZS) and decimal places past which it is no money
 MAX_AMOUNT_EXPONENT = 15
 MAX_AMOUNT_PLACES = 100
 
@@ -206,7 +206,7 @@ class RecordMapping:
                 raise MappingError("amount is not a number") from exc
             if not amount.is_finite():
                 raise MappingError("amount is not a number")
-            if abs(amount.adjusted()) > MAX_AMOUNT_EXPONENT \
+            if amount.adjusted() > MAX_AMOUNT_EXPONENT \
                     or amount.as_tuple().exponent < -MAX_AMOUNT_PLACES:  # type: ignore[operator]
                 # past what a projection's numeric column takes: stored, it would fail the
                 # projector's every batch from then on

@@ -70,6 +70,7 @@ class Span:
     backoff: timedelta
     detected: tuple[int, int]  # its findings' range in the pass result's lists
     resolved: tuple[int, int]
+    result: str  # its verdict, as counted in the pass result
 
 
 @dataclass(frozen=True)
@@ -239,7 +240,7 @@ class Reconciler:
                           verdict.result, result.pass_id))
             spans.append(Span(d.subject, d.reference, sizes[0], len(events), backoff,
                               (sizes[2], len(result.detected)),
-                              (sizes[3], len(result.resolved))))
+                              (sizes[3], len(result.resolved)), verdict.result))
         async with conn.transaction():
             appended = await self._append(conn, events, spans, marks, result, now)
             for index, subject, reference in recoveries:
@@ -291,8 +292,12 @@ class Reconciler:
             result.errors["unstorable_answer"] += 1
             refused = Lookup(span.reference, "error", error="unstorable_answer",
                              detail=f"the database refused what this answer gave ({error})")
+            # outside a savepoint: should even this be refused, the refusal is not this
+            # answer's, and the pass fails as any pass the database fails
             await append_in(conn, [checked_event(span.subject, refused, "error",
                                                  result.pass_id, now)])
+            result.results[span.result] -= 1  # recorded as an error, not as judged
+            result.results += Counter({"error": 1})  # (and a count of 0 leaves the summary)
             key = (span.subject, span.reference)
             dropped_detected.update(range(*span.detected))  # none of it was recorded
             dropped_resolved.update(range(*span.resolved))

@@ -11,6 +11,7 @@ from psycopg_pool import AsyncConnectionPool
 from structlog.testing import capture_logs
 
 from ingest.chat_secrets import ChatSecretError, ChatSecretStore, fingerprint
+from ledger import LedgerUnavailable
 
 pytestmark = pytest.mark.anyio
 
@@ -215,3 +216,38 @@ def test_the_table_refuses_two_current_secrets_for_one_number(db_url: str) -> No
         conn.execute(insert, ("a",))
         with pytest.raises(psycopg.errors.UniqueViolation):
             conn.execute(insert, ("b",))
+
+
+async def test_a_lookup_the_database_holds_is_given_up_on_for_every_request_waiting(
+        pool: AsyncConnectionPool) -> None:
+    """The database holds the lookup (here a lock; in life a partition): the first request
+    to wait its time out cancels the query, which frees its connection, and a request that
+    joined the same lookup later gives up with it rather than waiting on its own clock."""
+    secrets = ChatSecretStore(pool, grace_s=GRACE, ttl_s=1.0, answer_within_s=0.5)
+    await secrets.bootstrap({"111": S1}, NOW)
+    async with await psycopg.AsyncConnection.connect(pool.conninfo) as holder:
+        async with holder.transaction():
+            await holder.execute("LOCK TABLE hookledger_private.chat_secrets IN ACCESS "
+                                 "EXCLUSIVE MODE")
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+
+            async def request(delay: float) -> float:
+                await asyncio.sleep(delay)
+                with pytest.raises(LedgerUnavailable):  # no secrets read before: a 503
+                    await secrets.valid_secrets("111", NOW)
+                return loop.time() - started
+
+            first, joined = await asyncio.gather(request(0), request(0.3))
+            assert 0.5 <= first < 0.75 and joined < 0.75  # not 0.3 + 0.5
+            # the query was cancelled in the server: nothing of the store waits on the lock
+            for _ in range(50):
+                cur = await holder.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND query LIKE '%%chat_secrets%%' AND pid <> pg_backend_pid()")
+                if (await cur.fetchone()) == (0,):
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                raise AssertionError("the stalled lookup's query was never cancelled")
+    assert await secrets.valid_secrets("111", NOW) == [(fingerprint(S1), S1.encode())]

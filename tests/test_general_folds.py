@@ -431,6 +431,42 @@ def test_the_last_event_is_the_latest_also_without_blocks() -> None:
             "invoice.cancelled", cancelled.occurred_at, "cancelled", Decimal("900"))
 
 
+def _folded_before_per_field_marks(row: Row) -> Row:
+    """An invoice row as the fold kept it before each field had its own mark: amounts and
+    last_event marked by ``block_key`` alone, descriptive fields by a rank-first key."""
+    marks = {k: v for k, v in row["provenance"].items()
+             if k not in ("amount_paid", "amount_due", "last_event")}
+    for name in ("currency", "due_date", "paid_date", "payment_reference"):
+        if name in marks:
+            ts, _, rank, crc, position = marks[name]
+            marks[name] = [rank, ts, crc, position]
+    return {**row, "provenance": marks}
+
+
+def test_an_invoice_folded_before_the_upgrade_folds_on_as_a_rebuild_would() -> None:
+    """A newer block that leaves ``amountDue`` out moves ``block_key`` on; an older one
+    that gives it must still count (it was refused, the row then kept the oldest amount)."""
+    block = {"invoiceNo": "INV-1", "total": 900, "currency": "TZS"}
+    first = ev("invoice.updated", 93001, position=1, reference="INV-1", amount=900,
+               service="Invoicing", timestamp="20261122090000",
+               invoice={**block, "amountPaid": 0, "amountDue": 900})
+    newest = ev("payment.confirmed", 91001, position=2, reference="PAY-1", amount=300,
+                timestamp="20261122100000", invoice={"invoiceNo": "INV-1", "amountPaid": 300})
+    between = ev("invoice.updated", 93001, position=3, reference="INV-1", amount=900,
+                 service="Invoicing", timestamp="20261122093000",
+                 invoice={**block, "amountPaid": 0, "amountDue": 600})
+    projection = next(p for p in PROJECTIONS if p.table == "invoices")
+    row, _ = projection.fold(None, first)
+    old = _folded_before_per_field_marks(row)
+    assert old["provenance"] != row["provenance"]
+    for event in (newest, between):
+        old, _ = projection.fold(old, event)
+    rebuilt, _ = fold_all("invoices", [first, newest, between])
+    shown = ("amount_paid", "amount_due", "status", "last_event", "updated_at", "total")
+    assert {k: old[k] for k in shown} == {k: rebuilt["INV-1"][k] for k in shown}
+    assert (old["amount_paid"], old["amount_due"]) == (Decimal("300"), Decimal("600"))
+
+
 def test_a_paid_date_no_reader_can_hold_is_left_out() -> None:
     """``0001-01-01T00:00:00+14:00`` is in year 0 in UTC: stored, it would fail every later
     read of the invoice's row (the projector's batch, retried for ever)."""

@@ -564,6 +564,7 @@ def test_an_answer_the_database_still_refuses_fails_its_subject_not_the_pass(
     with running_sandbox(state=state) as api:
         result = reconcile(db_url, api.url)
         assert result.checked == 2 and result.errors == {"unstorable_answer": 1}
+        assert result.results == {"agrees": 1, "error": 1}  # not "recovered"
         assert result.recovered == [] and result.detected == []
         assert rows(db_url, "SELECT reference, last_result, coalesce(next_check_at > now(), "
                             "false) FROM hookledger_private.reconcile_subjects "
