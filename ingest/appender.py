@@ -76,7 +76,6 @@ class BatchingAppender:
         self._max_batch = max_batch
         self._max_wait_s = max_wait_s
         self._queue: list[tuple[NewEvent, asyncio.Future[AppendResult]]] = []
-        self._overdue_spools: set[asyncio.Task[None]] = set()
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
@@ -94,47 +93,16 @@ class BatchingAppender:
         if self._task is not None:
             await self._task
 
-    async def append(self, event: NewEvent, deadline: float | None = None) -> AppendResult:
-        """The event's result once committed, or spooled: also, with a spool, once the
-        loop's clock passes ``deadline`` (``loop.time()``) before the database answered.
-
-        The sender waits only so long (the general system 30 s and never again, chat 15 s).
-        A database slow but answering can hold each batch for nearly the stall bound
-        (:func:`answered_within`), and a delivery queued behind several such batches, or
-        behind a slow secret lookup first, would be answered too late: at its deadline it
-        is written to the spool instead and answered from there. Should its batch commit
-        after all, the spooled copy drains as its duplicate.
-        """
+    async def append(self, event: NewEvent) -> AppendResult:
         if self._closing or self._task is None or self._task.done():
             raise LedgerUnavailable("the appender is not running")
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[AppendResult] = loop.create_future()
+        future: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
         self._queue.append((event, future))
         self._wakeup.set()
-        timer = None
-        if deadline is not None and self._spool is not None:
-            timer = loop.call_at(deadline, self._overdue, event, future)
         # No shield: the commit runs in the appender's own task, so a caller that goes away
         # cancels only its own future (which _settle then skips), never the batch; a shield
         # cost a second future and a loop turn per delivery.
-        try:
-            return await future
-        finally:
-            if timer is not None:
-                timer.cancel()
-
-    def _overdue(self, event: NewEvent, future: asyncio.Future[AppendResult]) -> None:
-        """The deadline passed unanswered: out of the queue if still in it, into the spool."""
-        if future.done():
-            return
-        for index, (_, queued) in enumerate(self._queue):
-            if queued is future:
-                del self._queue[index]
-                break
-        log.error("appender.answer_overdue", dedupe_key=event.dedupe_key)
-        task = asyncio.ensure_future(self._to_spool([(event, future)]))
-        self._overdue_spools.add(task)  # referenced until written
-        task.add_done_callback(self._overdue_spools.discard)
+        return await future
 
     async def _run(self) -> None:
         try:

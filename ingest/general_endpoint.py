@@ -7,10 +7,8 @@ retries, so a 200 for something not durable would lose it for good).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from functools import partial
 from zoneinfo import ZoneInfo
 
 import structlog
@@ -35,9 +33,6 @@ from ingest.rejections import Refusal, RejectionLog
 from ingest.unstorable import is_unstorable, placeholder_payload
 
 SYSTEM = "general"
-# the provider waits 30 s for an answer and never sends again: past this, from arrival,
-# a delivery still waiting for the database is answered from the spool
-ANSWER_WITHIN_S = 20.0
 SIGNATURE_HEADER = "x-service-signature"
 
 log = structlog.get_logger("hookledger.ingest")
@@ -62,7 +57,6 @@ class GeneralEndpoint:
 
     async def __call__(self, request: DeliveryRequest) -> Response | responses.Accepted:
         received_at = datetime.now(UTC)
-        deadline = asyncio.get_running_loop().time() + ANSWER_WITHIN_S
         name = request.path_params["name"]
         endpoint = f"general/{path_label(name, 1024)}"
         structlog.contextvars.clear_contextvars()
@@ -117,7 +111,7 @@ class GeneralEndpoint:
 
         envelope = Envelope(SYSTEM, received_at, body, headers, endpoint, name)
         return await append_and_answer(
-            partial(self._appender.append, deadline=deadline), envelope, delivery, text,
+            self._appender.append, envelope, delivery, text,
             lambda refused: unstorable_general(body, refused),
             metrics=self._metrics, outcomes=self._outcomes)
 

@@ -407,12 +407,6 @@ def _marks_of(state: Row) -> dict[str, Any]:
         for name in ("amount_paid", "amount_due", "last_event"):
             if name not in marks and state.get(name) is not None:
                 marks[name] = list(state["block_key"])
-    elif "last_event" not in marks and state.get("last_event") is not None:
-        # blockless events only: the first folded set it, at its provider time; ranked
-        # below any event of that second, so an older event never takes it over
-        updated = state.get("updated_at")
-        marks["last_event"] = [updated.timestamp() if updated else 0.0, "-1", -1,
-                               OLD_TIEBREAK, 0]
     return marks
 
 

@@ -5,14 +5,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from ingest.appender import BatchingAppender
-from ingest.spool import Spool
-from ingest.spool_drain import SpoolDrainer
 from ledger import AppendResult, LedgerError, LedgerStore, LedgerUnavailable, NewEvent
 from tests.projection_events import new_event
 
@@ -196,36 +193,3 @@ async def test_callers_queued_when_the_appender_stops_are_answered_and_later_one
     with pytest.raises(LedgerUnavailable):
         await asyncio.wait_for(appender.append(EVENTS[4]), timeout=1)
     assert await stored_keys(pool) == []
-
-
-@pytest.mark.anyio
-async def test_a_delivery_past_its_deadline_is_answered_from_the_spool_and_kept_once(
-        pool: AsyncConnectionPool, tmp_path: Path) -> None:
-    """The database answers, slowly (here a lock holds the append): a delivery waiting
-    past its deadline is written to the spool and answered, whether its batch is in
-    flight or still queued behind it, and once the batch commits after all, draining
-    the spool finds its copy a duplicate."""
-    spool = Spool(tmp_path / "spool")
-    store = LedgerStore(pool)
-    appender = BatchingAppender(store.append, spool=spool)
-    appender.start()
-    loop = asyncio.get_running_loop()
-    async with pool.connection() as holder:
-        async with holder.transaction():
-            await holder.execute("LOCK TABLE hookledger_private.ledger_events "
-                                 "IN ACCESS EXCLUSIVE MODE")
-            started = loop.time()
-            in_flight = asyncio.create_task(appender.append(EVENTS[0], started + 0.4))
-            await asyncio.sleep(0.1)  # its batch is sent and waits on the lock
-            queued = asyncio.create_task(appender.append(EVENTS[1], started + 0.4))
-            patient = asyncio.create_task(appender.append(EVENTS[2]))  # no deadline
-            answers = await asyncio.gather(in_flight, queued)
-            assert [a.spooled for a in answers] == [True, True]
-            assert loop.time() - started < 0.8
-            assert not patient.done()
-    # queued behind the spool's backlog, to keep the order, like any delivery then
-    assert (await patient).spooled
-    await appender.close()
-    assert await stored_keys(pool) == KEYS[:1]  # the held batch committed after all
-    assert await SpoolDrainer(spool, store.append).drain_once() == 3
-    assert await stored_keys(pool) == KEYS[:3]  # each once

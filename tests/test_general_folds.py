@@ -467,20 +467,6 @@ def test_an_invoice_folded_before_the_upgrade_folds_on_as_a_rebuild_would() -> N
     assert (old["amount_paid"], old["amount_due"]) == (Decimal("300"), Decimal("600"))
 
 
-def test_an_upgraded_row_of_blockless_events_keeps_its_latest_event() -> None:
-    created = ev("invoice.created", 93000, position=2, reference="INV-1", amount=900,
-                 service="Invoicing", timestamp="20261122090000")
-    cancelled = ev("invoice.cancelled", 93003, position=1, reference="INV-1", amount=900,
-                   service="Invoicing", timestamp="20261122100000")
-    projection = next(p for p in PROJECTIONS if p.table == "invoices")
-    row, _ = projection.fold(None, cancelled)
-    old = _folded_before_per_field_marks(row)
-    assert old["block_key"] is None and "last_event" not in old["provenance"]
-    folded, _ = projection.fold(old, created)
-    assert (folded["last_event"], folded["updated_at"]) == ("invoice.cancelled",
-                                                            cancelled.occurred_at)
-
-
 def test_a_paid_date_no_reader_can_hold_is_left_out() -> None:
     """``0001-01-01T00:00:00+14:00`` is in year 0 in UTC: stored, it would fail every later
     read of the invoice's row (the projector's batch, retried for ever)."""
