@@ -106,14 +106,14 @@ def create_app(settings: Settings, database_url: str, *,
             store = LedgerStore(pool, acquire_timeout_s=settings.append_timeout_s)
             spool = Spool(settings.home / "spool")
             stack.callback(spool.close)
-            append_many = answered_within(store.append, settings.append_stall_s)
-            drainer = SpoolDrainer(spool, append_many)
+            drainer = SpoolDrainer(spool, answered_within(store.append, settings.append_stall_s))
             drainer.start()
             stack.push_async_callback(drainer.stop)
-            appender = BatchingAppender(append_many, max_batch=settings.append_max_batch,
+            appender = BatchingAppender(store.append, max_batch=settings.append_max_batch,
                                         max_wait_s=settings.append_max_wait_ms / 1000,
                                         spool=spool, on_spooled=drainer.nudge,
-                                        on_batch=metrics.batch_size.observe)
+                                        on_batch=metrics.batch_size.observe,
+                                        stall_s=settings.append_stall_s)
             appender.start()
             stack.push_async_callback(appender.close)
             holder["runtime"] = Runtime(pool, store, appender, metrics, spool)

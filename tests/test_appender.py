@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from ingest.appender import BatchingAppender
+from ingest.spool import Spool
+from ingest.spool_drain import SpoolDrainer
 from ledger import AppendResult, LedgerError, LedgerStore, LedgerUnavailable, NewEvent
 from tests.projection_events import new_event
 
@@ -193,3 +196,38 @@ async def test_callers_queued_when_the_appender_stops_are_answered_and_later_one
     with pytest.raises(LedgerUnavailable):
         await asyncio.wait_for(appender.append(EVENTS[4]), timeout=1)
     assert await stored_keys(pool) == []
+
+
+@pytest.mark.anyio
+async def test_a_flush_the_database_holds_is_answered_from_the_spool_and_kept_once(
+        pool: AsyncConnectionPool, tmp_path: Path) -> None:
+    """A lock holds the append (in life: a partition, no error ever comes): past
+    ``stall_s`` the held batch's callers are answered from the spool by a new task, the
+    ones queued behind it too, and one added later at once; when the held statement
+    commits after all, draining the spool finds its copies duplicates."""
+    spool = Spool(tmp_path / "spool")
+    store = LedgerStore(pool)
+    appender = BatchingAppender(store.append, spool=spool, stall_s=0.3)
+    appender.start()
+    loop = asyncio.get_running_loop()
+    async with pool.connection() as holder:
+        async with holder.transaction():
+            await holder.execute("LOCK TABLE hookledger_private.ledger_events "
+                                 "IN ACCESS EXCLUSIVE MODE")
+            started = loop.time()
+            held = asyncio.create_task(appender.append(EVENTS[0]))
+            await asyncio.sleep(0.05)  # its batch is sent and waits on the lock
+            queued = asyncio.create_task(appender.append(EVENTS[1]))
+            answers = await asyncio.gather(held, queued)
+            assert [a.spooled for a in answers] == [True, True]
+            assert loop.time() - started < 0.6
+            later = await appender.append(EVENTS[2])  # the backlog takes it at once
+            assert later.spooled and loop.time() - started < 0.7
+    await appender.close()
+    for _ in range(50):  # the held statement commits once the lock goes
+        if await stored_keys(pool) == KEYS[:1]:
+            break
+        await asyncio.sleep(0.05)
+    assert await stored_keys(pool) == KEYS[:1]
+    assert await SpoolDrainer(spool, store.append).drain_once() == 3
+    assert await stored_keys(pool) == KEYS[:3]  # each once, in arrival order
