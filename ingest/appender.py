@@ -79,6 +79,7 @@ class BatchingAppender:
         # (detached), its callers answered from the spool by the task that replaces it
         self._stall_s = stall_s
         self._stalled: list[tuple[NewEvent, asyncio.Future[AppendResult]]] = []
+        self._flushing: list[tuple[NewEvent, asyncio.Future[AppendResult]]] = []
         self._detached: set[asyncio.Task[None]] = set()
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -118,11 +119,13 @@ class BatchingAppender:
             while True:
                 await self._wakeup.wait()
                 self._wakeup.clear()
-                if self._max_wait_s and 0 < len(self._queue) < self._max_batch:
+                if self._max_wait_s and not self._stalled \
+                        and 0 < len(self._queue) < self._max_batch:
                     await asyncio.sleep(self._max_wait_s)
                 while self._stalled or self._queue:
                     if self._stalled:  # a held flush's callers: before anyone queued after
-                        stalled, self._stalled = self._stalled, []
+                        stalled = [item for item in self._stalled if not _answered(item[1])]
+                        self._stalled = []
                         await self._flush(stalled, spool_only=True)
                         continue
                     batch = self._queue[: self._max_batch]
@@ -145,46 +148,55 @@ class BatchingAppender:
         """Commit one batch and answer its callers, whatever goes wrong on the way: an
         exception escaping here would end the appender's task, and every delivery after it
         would wait for an answer that never comes."""
-        timer = None
-        if self._stall_s is not None and not spool_only:
-            timer = asyncio.get_running_loop().call_later(self._stall_s, self._held, batch)
+        self._flushing = batch
         try:
             if spool_only:
                 await self._spool_or_refuse(batch)
             else:
                 await self._commit(batch)
         except asyncio.CancelledError:  # e.g. in the spool's write
-            for _, future in batch:
-                _settle(future, exc=LedgerUnavailable("append cancelled"))
+            if asyncio.current_task() not in self._detached:  # else they are the new task's
+                for _, future in batch:
+                    _settle(future, exc=LedgerUnavailable("append cancelled"))
             raise
         except Exception:
             for _, future in batch:
                 _settle(future, exc=LedgerUnavailable("append failed"))
             log.exception("appender.flush_failed", events=len(batch))
-        finally:
-            if timer is not None:
-                timer.cancel()
 
-    def _held(self, batch: list[tuple[NewEvent, asyncio.Future[AppendResult]]]) -> None:
+    async def _append_or_held(self, events: list[NewEvent]) -> list[AppendResult]:
+        """``append_many``, with a timer: past ``stall_s`` the flush is handed over
+        (:meth:`_held`). A timer on the database call alone, not a task around it: a task
+        per flush put the statement one event-loop turn later, about 5% of ingest
+        (measured), and a slow spool write is no database holding a flush."""
+        if self._stall_s is None or self._spool is None:
+            return await self._append_many(events)
+        timer = asyncio.get_running_loop().call_later(
+            self._stall_s, self._held, asyncio.current_task(), self._flushing)
+        try:
+            return await self._append_many(events)
+        finally:
+            timer.cancel()
+
+    def _held(self, stuck: asyncio.Task[None] | None,
+              batch: list[tuple[NewEvent, asyncio.Future[AppendResult]]]) -> None:
         """The database has held this flush past ``stall_s`` (a partition or a frozen server
         sends no error: the statement waited for ever, and every delivery queued behind it,
-        past the sender's window). Its task is left to end alone; a new task answers the
-        flush's callers from the spool, then goes on with the queue, which the spool's
-        backlog now takes at once. Should the held statement commit after all, the spooled
-        copies drain as its duplicates.
-
-        A timer on the flush, not a task around it: a task per flush put the statement one
-        event-loop turn later, which cost ingest about 5% (measured)."""
-        stuck = self._task
-        if stuck is None or stuck.done() or stuck in self._detached:
+        past the sender's window). A new task answers the flush's callers from the spool,
+        then goes on with the queue, which the spool's backlog then takes at once. The held
+        task is cancelled, not waited for: psycopg asks the server to cancel the statement
+        and closes the connection if that has not ended it within about 10 s (3.3), so the
+        connection goes back to the pool. Should the statement commit all the same, the
+        spooled copies drain as its duplicates."""
+        if stuck is None or stuck is not self._task or stuck.done():
             return
         self._detached.add(stuck)
         stuck.add_done_callback(self._detached.discard)
-        self._stalled = [item for item in batch if not item[1].done()]
-        log.error("appender.database_stalled", events=len(self._stalled),
-                  seconds=self._stall_s)
+        self._stalled = [item for item in batch if not _answered(item[1])]
+        log.error("appender.flush_held", events=len(self._stalled), seconds=self._stall_s)
         self._task = asyncio.create_task(self._run(), name="hookledger-appender")
         self._wakeup.set()
+        stuck.cancel()
 
     async def _spool_or_refuse(self, batch: list[tuple[NewEvent, asyncio.Future[AppendResult]]]
                                ) -> None:
@@ -204,8 +216,10 @@ class BatchingAppender:
             await self._to_spool(batch)
             return
         try:
-            results = await self._append_many(events)
+            results = await self._append_or_held(events)
         except LedgerUnavailable as exc:
+            if asyncio.current_task() in self._detached:
+                return  # its callers are the new task's now
             if self._spool is not None:
                 await self._to_spool(batch)
                 return
@@ -218,6 +232,8 @@ class BatchingAppender:
             # the writer cannot encode: a bug, but one event's). Either way one bad event
             # must not sink the others, which the general system would never send again:
             # retry each on its own, and fail only the one that fails alone.
+            if asyncio.current_task() in self._detached:
+                return
             if not isinstance(exc, LedgerError):
                 log.exception("appender.event_failed", events=len(batch))
             if len(batch) > 1:
@@ -243,8 +259,9 @@ class BatchingAppender:
             try:
                 await self._commit([item])
             except asyncio.CancelledError:
-                for _, future in batch[index:]:
-                    _settle(future, exc=LedgerUnavailable("append cancelled"))
+                if asyncio.current_task() not in self._detached:
+                    for _, future in batch[index:]:
+                        _settle(future, exc=LedgerUnavailable("append cancelled"))
                 raise
             except Exception:
                 _settle(item[1], exc=LedgerUnavailable("append failed"))
@@ -264,6 +281,12 @@ class BatchingAppender:
             _settle(future, result=AppendResult(0, duplicate=False, spooled=True))
         if self._on_spooled is not None:
             self._on_spooled()
+
+
+def _answered(future: asyncio.Future[AppendResult]) -> bool:
+    """Settled with a result or an error; a caller that went away (cancelled) is not, and
+    its event is still kept."""
+    return future.done() and not future.cancelled()
 
 
 def _settle(future: asyncio.Future[AppendResult], *, result: AppendResult | None = None,
