@@ -22,6 +22,8 @@ from ledger import AppendResult, LedgerError, LedgerUnavailable, NewEvent
 log = structlog.get_logger("hookledger.ingest")
 
 AppendMany = Callable[[Sequence[NewEvent]], Awaitable[list[AppendResult]]]
+# how long close() waits for held statements to be cancelled (psycopg 3.3: up to about 10 s)
+STOP_HELD_S = 11.0
 
 
 def answered_within(append_many: AppendMany, seconds: float) -> AppendMany:
@@ -99,6 +101,8 @@ class BatchingAppender:
             task = self._task
             await asyncio.wait((task,), timeout=0.2)
             if task is self._task and task.done():
+                if self._detached:  # a held statement still being cancelled: let it end
+                    await asyncio.wait(set(self._detached), timeout=STOP_HELD_S)
                 await task
                 return
 
@@ -256,6 +260,7 @@ class BatchingAppender:
         """Each event of a failed batch on its own: whatever one of them meets, the rest are
         still tried, and a cancellation answers every one not yet answered."""
         for index, item in enumerate(batch):
+            self._flushing = batch[index:]  # what a hand-over (_held) takes: the rest
             try:
                 await self._commit([item])
             except asyncio.CancelledError:
