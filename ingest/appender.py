@@ -154,8 +154,8 @@ class BatchingAppender:
         would wait for an answer that never comes."""
         self._flushing = batch
         try:
-            if spool_only:
-                await self._spool_or_refuse(batch)
+            if spool_only:  # a held flush's callers (only ever handed over with a spool)
+                await self._to_spool(batch)
             else:
                 await self._commit(batch)
         except asyncio.CancelledError:  # e.g. in the spool's write
@@ -201,14 +201,6 @@ class BatchingAppender:
         self._task = asyncio.create_task(self._run(), name="hookledger-appender")
         self._wakeup.set()
         stuck.cancel()
-
-    async def _spool_or_refuse(self, batch: list[tuple[NewEvent, asyncio.Future[AppendResult]]]
-                               ) -> None:
-        if self._spool is not None:
-            await self._to_spool(batch)
-            return
-        for _, future in batch:
-            _settle(future, exc=LedgerUnavailable("the database did not answer in time"))
 
     async def _commit(self, batch: list[tuple[NewEvent, asyncio.Future[AppendResult]]]
                       ) -> None:

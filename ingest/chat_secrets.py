@@ -198,37 +198,36 @@ class ChatSecretStore:
             task.add_done_callback(lambda done: self._settled(phone_number_id, done))
         try:
             return await self._answer(phone_number_id, task)
-        except (LedgerUnavailable, TimeoutError) as exc:
+        except LedgerUnavailable:
             # the database is down: secrets read in the last grace period still verify
             # (retirement is still judged at ``now``: a rotation this process has not seen
             # is honoured no longer than its grace would be), and the delivery goes to the
             # spool, not a 503. No rows read (an unknown number) stays a 503, never a 401.
             if cached is None or not cached[1] or \
                     self._monotonic() - (cached[0] - self._ttl) > self._grace.total_seconds():
-                if isinstance(exc, TimeoutError):
-                    raise LedgerUnavailable("the database did not answer in time") from exc
                 raise
             log.warning("chat_secret.stale_while_unavailable", phone_number_id=phone_number_id)
             return cached[1]
 
     async def _answer(self, phone_number_id: str,
                       task: asyncio.Task[tuple[_Row, ...]]) -> tuple[_Row, ...]:
-        """The lookup's rows, or ``TimeoutError`` once the database has not answered in
-        time: the first request to give up cancels the lookup (psycopg cancels its query
-        and frees the connection, which a silent database would hold for as long as TCP
-        retries), and every other request waiting on it gives up with it."""
+        """The lookup's rows, or :class:`LedgerUnavailable` once the database has not
+        answered in time, as when it cannot be reached: the first request to give up
+        cancels the lookup (psycopg cancels its query and frees the connection, which a
+        silent database would hold for as long as TCP retries), and every other request
+        waiting on it gives up with it."""
         try:
             # shield: a request that goes away must not cancel the lookup others wait on
             return await asyncio.wait_for(asyncio.shield(task), self._answer_within_s)
-        except TimeoutError:
+        except TimeoutError as exc:
             if self._inflight.get(phone_number_id) is task:
                 del self._inflight[phone_number_id]  # the next lookup asks afresh
             task.cancel()
-            raise
+            raise LedgerUnavailable("the database did not answer in time") from exc
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if task.cancelled() and current is not None and not current.cancelling():
-                raise TimeoutError("another request gave up on this lookup") from None
+                raise LedgerUnavailable("another request gave up on this lookup") from None
             raise
 
     def _settled(self, phone_number_id: str, task: asyncio.Task[tuple[_Row, ...]]) -> None:

@@ -49,7 +49,6 @@ def lenient_object(raw: bytes) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-
 def _integer(text: str) -> int | Decimal:
     """An ``int`` as strict reading gives (a number-typed id compares as one), or a
     ``Decimal`` past the digits Python's ``int()`` accepts."""
