@@ -24,7 +24,7 @@ Connection = psycopg.AsyncConnection[Any]
 # about too, so the provider's record stands in for the webhook that could not be read
 FOUND_ELSEWHERE = ["conflicting_events", "malformed_delivery"]  # by the projector
 RECHECK_KINDS = [k for k in CHECK_KINDS if k != "missing_webhook"] + FOUND_ELSEWHERE
-RECHECK_PRIORITY = 4  # the ``recent`` part of DUE_SQL: the rolling re-check
+RECHECK_PRIORITY = 4  # the ``recent`` part of DUE_SQL (passed in): the rolling re-check
 # final outcomes that can still change (a success refunded): re-checked though unchanged
 LATER_STATES = {subject: sorted(SUCCESSORS.get(subject, {})) for subject in ("collection",
                                                                             "payout")}
@@ -76,7 +76,7 @@ WITH candidates AS (
     -- A final payment is re-checked once its row changed since its last check; one with a
     -- legitimate later state (a success can still be refunded) also when a check agreed
     -- with it (nothing else pending) long enough ago: the later state's webhook may be lost
-    SELECT subject, reference, 4 AS priority FROM (
+    SELECT subject, reference, %(recheck_priority)s::int AS priority FROM (
         SELECT x.subject, x.reference, x.conflicted, x.last_position, x.later_possible,
                s.next_check_at, s.last_checked_at,
                s.subject IS NOT NULL AND x.last_position <= s.checked_position AS unchanged
@@ -136,7 +136,8 @@ async def due_subjects(conn: Connection, *, now: datetime, window: timedelta,
     later_before = now - later_recheck if later_recheck > timedelta(0) else None
     cur = await conn.execute(DUE_SQL, {
         "now": now, "overdue": now - window, "recent_since": now - recheck_age,
-        "recheck_limit": recheck_limit, "limit": limit, "recheck_kinds": RECHECK_KINDS,
+        "recheck_limit": recheck_limit, "recheck_priority": RECHECK_PRIORITY, "limit": limit,
+        "recheck_kinds": RECHECK_KINDS,
         "found_elsewhere": FOUND_ELSEWHERE, "later_before": later_before,
         "collection_later": LATER_STATES["collection"], "payout_later": LATER_STATES["payout"]})
     return [Due(str(s), str(r), int(p)) for s, r, p in await cur.fetchall()]
