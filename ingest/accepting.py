@@ -9,18 +9,29 @@ unstorable rather than answer 503, and the answer says accepted, duplicate or sp
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import structlog
 from starlette.responses import Response
 
 from ingest import responses
+from ingest.chat_body import SOURCE as CHAT_SOURCE
+from ingest.chat_body import DeliveryMeta, unstorable_chat
 from ingest.errors import BodyError
+from ingest.general_body import unstorable_general
 from ingest.metrics import IngestMetrics, SystemOutcomes
-from ingest.unstorable import DeliveryT, append_keeping_refused
+from ingest.unstorable import (
+    DeliveryT,
+    Reading,
+    append_keeping_refused,
+    placeholder_payload,
+    refused_by_database,
+)
 from ledger import AppendResult, LedgerError, NewEvent
 
 log = structlog.get_logger("hookledger.ingest")
@@ -80,3 +91,38 @@ async def append_and_answer(
         log.info("delivery.accepted", position=result.position,
                  recognised=delivery.facts["recognised"])
     return responses.accepted(result)
+
+
+def kept_unstorable(event: NewEvent, error: Exception) -> NewEvent | None:
+    """What :func:`append_keeping_refused` appends when the database refuses ``event`` for
+    itself, made from the event alone: for a spooled delivery the database refuses only when
+    the spool drains. Quarantined instead, it was in no view and no discrepancy, though
+    answered 200 and never sent again. None when it cannot be kept so: no raw bytes,
+    already unstorable (as a direct append, it is not kept twice), or neither system's.
+    """
+    raw = event.raw_body
+    if raw is None or event.facts.get("unstorable"):
+        return None
+    refused = refused_by_database(error)
+    kept: Reading
+    if event.source == "general":
+        kept = unstorable_general(raw, refused)
+    elif event.source == CHAT_SOURCE:
+        try:
+            kept = unstorable_chat(raw, _chat_meta(event.facts), refused)
+        except BodyError:  # a body naming another number: refused when read, never here
+            return None
+    else:
+        return None
+    return dataclasses.replace(
+        event, stream=kept.stream, event_type=kept.event_type, dedupe_key=kept.dedupe_key,
+        payload_json=placeholder_payload(refused), facts=kept.facts,
+        occurred_at=kept.occurred_at)
+
+
+def _chat_meta(facts: Mapping[str, Any]) -> DeliveryMeta:
+    """The request's side of a chat delivery, as its reading kept it in ``facts``."""
+    return DeliveryMeta(phone_number_id=str(facts.get("phone_number_id") or ""),
+                        delivery_id=facts.get("delivery_id"), attempt=facts.get("attempt"),
+                        user_agent=facts.get("user_agent"),
+                        delivery_id_unusable=bool(facts.get("delivery_id_unusable")))

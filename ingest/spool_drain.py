@@ -13,6 +13,7 @@ import contextlib
 
 import structlog
 
+from ingest.accepting import kept_unstorable
 from ingest.appender import AppendMany
 from ingest.spool import QUARANTINE, Spool, read_records
 from ledger import LedgerUnavailable, NewEvent
@@ -33,6 +34,7 @@ class SpoolDrainer:
         self.drained = 0
         self.damaged = 0
         self.quarantined = 0
+        self.kept_unstorable = 0
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="hookledger-spool-drain")
@@ -67,8 +69,8 @@ class SpoolDrainer:
 
     async def _append_chunk(self, chunk: list[NewEvent]) -> None:
         """Append a chunk; an event the ledger refuses for itself (not for being down) is
-        moved to the quarantine file, so one bad record never holds back the rest, nor the
-        deliveries queued behind the backlog."""
+        kept as a direct append keeps it (:meth:`_keep_refused`), so one bad record never
+        holds back the rest, nor the deliveries queued behind the backlog."""
         try:
             await self._append_many(chunk)
             return
@@ -81,11 +83,31 @@ class SpoolDrainer:
                 await self._append_many([event])
             except LedgerUnavailable:
                 raise
-            except Exception as exc:  # noqa: BLE001 - kept aside, with a record
-                self._spool.quarantine(event)
-                self.quarantined += 1
-                log.error("spool.quarantined", dedupe_key=event.dedupe_key,
-                          error=type(exc).__name__, file=QUARANTINE)
+            except Exception as exc:  # noqa: BLE001 - kept another way, below
+                await self._keep_refused(event, exc)
+
+    async def _keep_refused(self, event: NewEvent, error: Exception) -> None:
+        """An event the ledger refused, kept as unstorable by its raw bytes, as the direct
+        append keeps it (``refused_by_database``): in the ledger, filed with its payment or
+        message, and a ``malformed_delivery`` for someone to check. The quarantine file,
+        which no view shows, is left for what even that cannot keep."""
+        kept = kept_unstorable(event, error)
+        if kept is not None:
+            try:
+                await self._append_many([kept])
+            except LedgerUnavailable:
+                raise
+            except Exception:  # noqa: BLE001 - quarantined, below
+                pass
+            else:
+                self.kept_unstorable += 1
+                log.error("spool.refused_by_database", dedupe_key=event.dedupe_key,
+                          kept_as=kept.dedupe_key, error=type(error).__name__)
+                return
+        self._spool.quarantine(event)
+        self.quarantined += 1
+        log.error("spool.quarantined", dedupe_key=event.dedupe_key,
+                  error=type(error).__name__, file=QUARANTINE)
 
     async def _run(self) -> None:
         while not self._stop.is_set():

@@ -20,12 +20,16 @@ from hypothesis import strategies as st
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool
 
+from ingest.accepting import Envelope
 from ingest.appender import BatchingAppender
+from ingest.chat_body import DeliveryMeta, read_chat_or_malformed
+from ingest.json_body import parse_object
 from ingest.spool import QUARANTINE, Spool, encode_event, read_records
 from ingest.spool_drain import SpoolDrainer
 from ledger import LedgerStore, NewEvent
 from tests.chat_events import PHONE, chat_header, inbound
 from tests.chat_events import encode as chat_encode
+from tests.dbutil import refuse_event_type
 from tests.general_events import encode, general_body
 from tests.live import running_service
 from tests.signing import general_header
@@ -188,7 +192,9 @@ def test_deliveries_during_an_outage_are_spooled_answered_and_drained_in_order(
 
 @pytest.mark.anyio
 async def test_an_event_the_ledger_refuses_is_quarantined_and_the_rest_drained(
-        pool: AsyncConnectionPool, tmp_path: Path) -> None:
+        pool: AsyncConnectionPool, db_url: str, tmp_path: Path) -> None:
+    """An event the ledger refuses even when kept as unstorable goes to the quarantine."""
+    refuse_event_type(db_url, "general.malformed")  # the kept form refused as well
     spool = Spool(tmp_path)
     poison = dataclasses.replace(event(2), payload_json="not json")  # jsonb refuses it
     spool.write([event(1), poison, event(3)])
@@ -331,3 +337,59 @@ def test_a_chat_delivery_during_an_outage_verifies_with_the_secrets_read_last_an
                 break
             time.sleep(0.1)
         assert ids == ["wamid.BEFORE", "wamid.DURING"]
+
+
+def test_an_event_the_ledger_refuses_at_drain_time_is_kept_as_a_direct_append_keeps_it(
+        db_url: str, pg_admin_url: str, tmp_path: Path) -> None:
+    """A delivery the database refuses for itself is kept as unstorable (reason
+    ``refused_by_database``) when appended directly, so it shows in the ledger and as a
+    ``malformed_delivery``. Spooled first (the database away), it went to
+    ``quarantine.hls`` only: answered 200, yet in no view and no discrepancy."""
+    name = str(conninfo_to_dict(db_url)["dbname"])
+    raw = encode(general_body("payment.confirmed", 91000, reference="LATE-REFUSED"))
+    refuse_event_type(db_url, "payment.confirmed")
+    with running_service(db_url, general_secrets="main=s3cret", home=tmp_path,
+                         append_timeout_s=0.5) as base, httpx.Client(timeout=30) as client:
+        _connections(pg_admin_url, name, allow=False)
+        try:
+            answer = client.post(f"{base}/webhooks/general/main", content=raw,
+                                 headers={"x-service-signature": general_header("s3cret", raw)})
+            assert answer.status_code == 200 and answer.json()["spooled"] is True
+        finally:
+            _connections(pg_admin_url, name, allow=True)
+        deadline = time.monotonic() + 30
+        while any(tmp_path.joinpath("spool").glob("spool-*.hls")) \
+                and time.monotonic() < deadline:
+            time.sleep(0.1)
+        with psycopg.connect(db_url) as conn:
+            found = conn.execute("SELECT event_type, raw_body, stream, facts->>'reason' "
+                                 "FROM hookledger.ledger WHERE source = 'general'").fetchall()
+        assert [(t, bytes(b), s, r) for t, b, s, r in found] == [
+            ("general.malformed", raw, "collection:LATE-REFUSED", "refused_by_database")]
+        assert not tmp_path.joinpath("spool", QUARANTINE).exists()
+
+
+@pytest.mark.anyio
+async def test_a_chat_event_the_ledger_refuses_at_drain_time_is_kept_by_its_raw_bytes(
+        pool: AsyncConnectionPool, db_url: str, tmp_path: Path) -> None:
+    """The chat system's spooled delivery the database refuses is kept as the direct
+    append keeps it: ``chat.malformed`` under its delivery id, not quarantined."""
+    raw = chat_encode(inbound(message_id="wamid.LATE"))
+    meta = DeliveryMeta(PHONE, delivery_id="late-1", attempt=1, user_agent="t")
+    parsed, text = parse_object(raw)
+    delivery = read_chat_or_malformed(parsed, meta)
+    envelope = Envelope("chat", datetime.now(UTC), raw, {"x-service-delivery-id": "late-1"},
+                        f"chat/{PHONE}", "current")
+    spool = Spool(tmp_path)
+    spool.write([envelope.event(delivery, text)])
+    refuse_event_type(db_url, delivery.event_type)
+    drainer = SpoolDrainer(spool, LedgerStore(pool).append)
+    await drainer.drain_once()
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT event_type, dedupe_key, stream, raw_body, "
+                                 "facts->>'reason' FROM hookledger.ledger")
+        found = await cur.fetchall()
+    assert [(t, k, s, bytes(b), r) for t, k, s, b, r in found] == [
+        ("chat.malformed", "chat:delivery:late-1", "chat-message:wamid.LATE", raw,
+         "refused_by_database")]
+    assert not (tmp_path / QUARANTINE).exists() and drainer.quarantined == 0
