@@ -124,7 +124,7 @@ def create_app(settings: Settings, database_url: str, *,
                 zone=settings.zone, max_body_bytes=settings.max_body_bytes,
                 body_timeout_s=settings.body_timeout_s,
                 appender=appender, pool=pool, metrics=metrics,
-                rejected_keep=settings.rejected_keep)
+                rejected_keep=settings.rejected_keep, answer_within_s=settings.append_stall_s)
             chat_secrets = ChatSecretStore(pool, grace_s=settings.rotation_grace_s,
                                            answer_within_s=settings.append_stall_s)
             await chat_secrets.bootstrap(
@@ -135,7 +135,8 @@ def create_app(settings: Settings, database_url: str, *,
                 max_body_bytes=settings.max_body_bytes, appender=appender, pool=pool,
                 body_timeout_s=settings.body_timeout_s,
                 metrics=metrics, rejected_keep=settings.rejected_keep,
-                error_causes={**PLATFORM_ERROR_CAUSES, **settings.chat_error_causes})
+                error_causes={**PLATFORM_ERROR_CAUSES, **settings.chat_error_causes},
+                answer_within_s=settings.append_stall_s)
             chat_api = chat_api_factory(settings)
             app.state.chat_ops = ChatOps(chat_secrets, store, settings.home, chat_api)
             if projector_name is None and settings.projector:

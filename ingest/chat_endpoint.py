@@ -57,14 +57,16 @@ class ChatEndpoint:
                  appender: BatchingAppender, pool: AsyncConnectionPool,
                  metrics: IngestMetrics, rejected_keep: int = 100_000,
                  body_timeout_s: float = BODY_TIMEOUT_S,
-                 error_causes: Mapping[str, int] = PLATFORM_ERROR_CAUSES) -> None:
+                 error_causes: Mapping[str, int] = PLATFORM_ERROR_CAUSES,
+                 answer_within_s: float | None = None) -> None:
         self._secrets = secrets
         self._tolerance_s = tolerance_s
         self._max_body = max_body_bytes
         self._body_timeout_s = body_timeout_s
         self._appender = appender
         self._pool = pool
-        self._rejections = RejectionLog(pool, keep=rejected_keep)
+        self._rejections = RejectionLog(pool, keep=rejected_keep,
+                                        answer_within_s=answer_within_s)
         self._metrics = metrics
         self._outcomes = metrics.outcomes(SYSTEM)
         self._error_causes = dict(error_causes)

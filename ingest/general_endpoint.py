@@ -44,14 +44,16 @@ class GeneralEndpoint:
     def __init__(self, *, secrets: Mapping[str, bytes], zone: ZoneInfo, max_body_bytes: int,
                  appender: BatchingAppender, pool: AsyncConnectionPool,
                  metrics: IngestMetrics, rejected_keep: int = 100_000,
-                 body_timeout_s: float = BODY_TIMEOUT_S) -> None:
+                 body_timeout_s: float = BODY_TIMEOUT_S,
+                 answer_within_s: float | None = None) -> None:
         self._secrets = dict(secrets)
         self._zone = zone
         self._max_body = max_body_bytes
         self._body_timeout_s = body_timeout_s
         self._appender = appender
         self._pool = pool
-        self._rejections = RejectionLog(pool, keep=rejected_keep)
+        self._rejections = RejectionLog(pool, keep=rejected_keep,
+                                        answer_within_s=answer_within_s)
         self._metrics = metrics
         self._outcomes = metrics.outcomes(SYSTEM)
 

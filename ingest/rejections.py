@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from collections.abc import Mapping
@@ -11,6 +12,7 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
+from ledger import LedgerUnavailable
 from ledger.sqlfiles import load
 
 UNVERIFIED_PREFIX_BYTES = 1024
@@ -61,14 +63,49 @@ class RejectionLog:
     """
 
     def __init__(self, pool: AsyncConnectionPool, *, keep: int = KEEP_ROWS,
-                 prune_every: int = PRUNE_EVERY, timeout_s: float = RECORD_TIMEOUT_S) -> None:
+                 prune_every: int = PRUNE_EVERY, timeout_s: float = RECORD_TIMEOUT_S,
+                 answer_within_s: float | None = None) -> None:
         self._pool = pool
         self._keep = keep
         self._prune_every = prune_every
         self._timeout_s = timeout_s
+        # the service's HOOKLEDGER_APPEND_STALL_S: see record()
+        self._answer_within_s = answer_within_s
+        self._abandoned: set[asyncio.Task[None]] = set()
         self._recorded = 0
 
     async def record(self, refusal: Refusal) -> None:
+        """Store ``refusal``, giving up after ``answer_within_s`` with
+        :class:`LedgerUnavailable`. A database that stops answering (a partition, a frozen
+        server) sends no error: the insert waited for ever, and with it the refused
+        request, its HTTP connection and a pool connection, past the provider's window
+        (and a chat delivery already waited once, for its secrets). Given up on, the
+        insert is cancelled and left to end in the background, as an append is
+        (:func:`ingest.appender.answered_within`): cancelling waits for psycopg to cancel
+        it on the server, up to ten seconds more on a dead network."""
+        if self._answer_within_s is None:
+            await self._insert(refusal)
+            return
+        task = asyncio.ensure_future(self._insert(refusal))
+        try:
+            await asyncio.wait((task,), timeout=self._answer_within_s)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        if task.done():
+            return task.result()
+        task.cancel()
+        self._abandoned.add(task)  # kept referenced until it ends
+        task.add_done_callback(self._forget)
+        raise LedgerUnavailable(
+            f"the database did not answer within {self._answer_within_s:g} s")
+
+    def _forget(self, task: asyncio.Task[None]) -> None:
+        self._abandoned.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: it was given up on, and said so already
+
+    async def _insert(self, refusal: Refusal) -> None:
         async with self._pool.connection(timeout=self._timeout_s) as conn:
             await conn.execute(load("ingest", "insert_rejected"), refusal.row())
             self._recorded += 1

@@ -139,3 +139,25 @@ def test_a_chat_delivery_is_answered_too_from_the_secrets_read_last(
         assert wait_for(lambda: rows(db_url, "SELECT count(*) FROM hookledger.ledger "
                                              "WHERE source = 'chat'")[0][0] == 3,
                         timeout_s=30)
+
+
+def test_a_refused_delivery_is_answered_while_the_database_is_silent(
+        db_url: str, tmp_path: Path) -> None:
+    """Recording a refusal waited on a silent database as long as an append once did (for
+    ever, on a partition): the 401 never came, and each such request held a pool connection
+    and its HTTP connection past the provider's 30 s. It is given up on after
+    ``HOOKLEDGER_APPEND_STALL_S`` now, and the refusal is answered all the same."""
+    raw = encode(general_body("payment.confirmed", 91000, reference="FORGED"))
+    with proxied(db_url) as (url, proxy), running_service(
+            url, home=str(tmp_path / "home"), general_secrets=f"primary={SECRET}",
+            append_stall_s=1.0) as base:
+        assert post(base, "BEFORE")[0] == 200  # the pool's connections are open
+        proxy.frozen.set()
+        try:
+            started = time.monotonic()
+            answer = httpx.post(f"{base}/webhooks/general/primary", content=raw, timeout=15,
+                                headers={"x-service-signature": "sha256=" + "0" * 64})
+            assert answer.status_code == 401 and answer.json()["reason"] == "bad_signature"
+            assert time.monotonic() - started < 3
+        finally:
+            proxy.frozen.clear()
