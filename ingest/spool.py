@@ -125,7 +125,7 @@ class Spool:
 
     def __init__(self, folder: Path, *, owner: str | None = None) -> None:
         self.folder = folder
-        self.folder.mkdir(parents=True, exist_ok=True)
+        _durable_folder(folder)
         self._owner = owner  # None: this process's id (tests give two spools two owners)
         self._start = os.urandom(4).hex()  # this process start's own names (see above)
         self._generation = 0
@@ -194,18 +194,17 @@ class Spool:
             hidden.unlink(missing_ok=True)
             raise
         self._file, self._path = handle, path
-        dir_fd = os.open(self.folder, os.O_RDONLY)
-        try:  # the new name itself must survive a power cut
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        _fsync_folder(self.folder)  # the new name itself must survive a power cut
 
     def quarantine(self, event: NewEvent) -> None:
-        """Keep an event the ledger refused, in the spool's format, for a person to look at."""
+        """Keep an event the ledger refused, in the spool's format, for a person to look at.
+        Once its spool file is drained this is the event's only copy: the file's name is
+        made durable as well as its bytes (the first quarantine creates it)."""
         with open(self.folder / QUARANTINE, "ab") as handle:
             handle.write(encode_event(event))
             handle.flush()
             os.fsync(handle.fileno())
+        _fsync_folder(self.folder)
 
     def seal(self) -> None:
         """Close the file being written (its lock goes with it): the next write starts a
@@ -268,6 +267,27 @@ class Spool:
             except FileNotFoundError:
                 pass
         return total
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make the names in ``folder`` (a file just created or renamed there) durable: a
+    file's own fsync does not write its directory entry."""
+    dir_fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _durable_folder(folder: Path) -> None:
+    """``mkdir -p`` whose names survive a power cut: the spool folder is made at start-up
+    (on a new home, the home too), and a record fsynced inside a folder whose own name was
+    never written is lost with it. Its parent is fsynced even when it already existed: a
+    start that died before doing so may have left it only in the page cache."""
+    made = [parent for parent in folder.parents if not parent.exists()]
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in (folder, *made):
+        _fsync_folder(name.parent)
 
 
 def _age(path: Path) -> tuple[float, str]:

@@ -393,3 +393,38 @@ async def test_a_chat_event_the_ledger_refuses_at_drain_time_is_kept_by_its_raw_
         ("chat.malformed", "chat:delivery:late-1", "chat-message:wamid.LATE", raw,
          "refused_by_database")]
     assert not (tmp_path / QUARANTINE).exists() and drainer.quarantined == 0
+
+
+def _fsynced_paths(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """Record what each ``os.fsync`` made durable, by path."""
+    synced: list[Path] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(Path(os.readlink(f"/proc/self/fd/{fd}")))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return synced
+
+
+def test_a_new_spool_folder_is_itself_durable_before_a_record_is_acknowledged(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a new home the spool folder is made at start-up; its name in the home was never
+    fsynced, so a power cut could take the folder, and the records fsynced inside it, away
+    after their 200."""
+    synced = _fsynced_paths(monkeypatch)
+    home = tmp_path / "home"
+    spool = Spool(home / "spool")
+    spool.write([event(1)])
+    assert home in synced and home / "spool" in synced
+
+
+def test_the_quarantine_files_name_is_durable_before_the_spool_file_goes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The quarantine file may be an event's only copy once its spool file is deleted: its
+    directory entry must be fsynced like a spool file's, not only its bytes."""
+    spool = Spool(tmp_path)
+    synced = _fsynced_paths(monkeypatch)
+    spool.quarantine(event(1))
+    assert synced == [tmp_path / QUARANTINE, tmp_path]
