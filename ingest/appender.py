@@ -207,10 +207,11 @@ class BatchingAppender:
         if asyncio.current_task() in self._detached:
             return  # held past stall_s and taken over: its callers are answered elsewhere
         events = [event for event, _ in batch]
-        if self._spool is not None and self._spool.backlog:
-            # spooled events not yet drained go first: keep arrival order
-            await self._to_spool(batch)
-            return
+        if self._spool is not None and self._spool.backlog \
+                and await self._to_spool(batch, refuse=False):
+            return  # spooled events not yet drained go first: keep arrival order
+        # (with the spool unable to take them, a full disk, the database takes them ahead
+        # of the backlog: out of order, rather than answered 503 and never sent again)
         try:
             results = await self._append_or_held(events)
         except LedgerUnavailable as exc:
@@ -264,20 +265,26 @@ class BatchingAppender:
                 _settle(item[1], exc=LedgerUnavailable("append failed"))
                 log.exception("appender.flush_failed", events=1)
 
-    async def _to_spool(self, batch: list[tuple[NewEvent, asyncio.Future[AppendResult]]]
-                        ) -> None:
+    async def _to_spool(self, batch: list[tuple[NewEvent, asyncio.Future[AppendResult]]],
+                        *, refuse: bool = True) -> bool:
+        """Spool the batch and answer it. When the disk cannot take it, ``refuse`` answers
+        it unavailable (neither the database nor the disk: now it is 503); else it is left
+        unanswered, for the caller to try the database. Whether it was spooled."""
         assert self._spool is not None
         try:
             await asyncio.to_thread(self._spool.write, [event for event, _ in batch])
-        except OSError as exc:  # neither the database nor the disk: now it is 503
-            for _, future in batch:
-                _settle(future, exc=LedgerUnavailable(f"spool failed: {type(exc).__name__}"))
-            return
+        except OSError as exc:
+            log.error("appender.spool_failed", events=len(batch), error=type(exc).__name__)
+            if refuse:
+                for _, future in batch:
+                    _settle(future, exc=LedgerUnavailable(f"spool failed: {type(exc).__name__}"))
+            return False
         self.spooled += len(batch)
         for _, future in batch:
             _settle(future, result=AppendResult(0, duplicate=False, spooled=True))
         if self._on_spooled is not None:
             self._on_spooled()
+        return True
 
 
 def _answered(future: asyncio.Future[AppendResult]) -> bool:

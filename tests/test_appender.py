@@ -238,3 +238,27 @@ async def test_a_flush_the_database_holds_is_answered_from_the_spool_and_kept_on
     assert await stored_keys(pool) == []
     assert await SpoolDrainer(spool, store.append).drain_once() == 3
     assert await stored_keys(pool) == KEYS[:3]  # each once, in arrival order
+
+
+@pytest.mark.anyio
+async def test_a_delivery_the_full_spool_cannot_take_behind_its_backlog_is_committed(
+        pool: AsyncConnectionPool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After an outage, new deliveries go to the spool behind its backlog, to keep the
+    order. With the spool's disk full they were answered 503, though the database was
+    there to take them: lost, since the general system never sends a delivery again. The
+    database takes them now, ahead of the backlog (the projections fold by rank and the
+    provider's time, not by position); 503 is left for what neither can take."""
+    spool = Spool(tmp_path)
+    spool.write([EVENTS[0]])  # the outage's backlog, not drained yet
+
+    def disk_full(events: Sequence[NewEvent]) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(spool, "write", disk_full)
+    appender = BatchingAppender(LedgerStore(pool).append, spool=spool)
+    appender.start()
+    result = await appender.append(EVENTS[1])
+    await appender.close()
+    assert not result.spooled and result.position > 0
+    assert await stored_keys(pool) == [KEYS[1]]
+    assert spool.backlog == 1  # still drained afterwards, in its own order
