@@ -218,10 +218,15 @@ class Spool:
         self.seal()
 
     def drainable(self) -> Iterator[tuple[Path, BinaryIO]]:
-        """Spool files no live process is writing, oldest first, each locked while yielded."""
+        """Spool files no live process is writing, oldest first, each locked while yielded.
+
+        A file another process holds (its writer, or another worker's drainer) holds back
+        the later files of the same writer: drained meanwhile, their events would reach the
+        ledger before that file's, out of the order they were written in."""
         self._sweep_unnamed()
+        held: set[str] = set()  # writers one of whose files another process holds
         for path in sorted(self.folder.glob("spool-*.hls"), key=_age):
-            if path == self._path:
+            if path == self._path or _writer(path) in held:
                 continue
             try:
                 handle = open(path, "rb")
@@ -231,7 +236,8 @@ class Spool:
                 try:
                     fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
-                    continue  # another process is still writing it
+                    held.add(_writer(path))  # still being written, or drained elsewhere
+                    continue
                 if path.exists():
                     yield path, handle
             finally:
@@ -288,6 +294,11 @@ def _durable_folder(folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for name in (folder, *made):
         _fsync_folder(name.parent)
+
+
+def _writer(path: Path) -> str:
+    """The process start that wrote ``path``: its name without the generation."""
+    return path.name.rsplit("-", 1)[0]
 
 
 def _age(path: Path) -> tuple[float, str]:

@@ -428,3 +428,26 @@ def test_the_quarantine_files_name_is_durable_before_the_spool_file_goes(
     synced = _fsynced_paths(monkeypatch)
     spool.quarantine(event(1))
     assert synced == [tmp_path / QUARANTINE, tmp_path]
+
+
+@pytest.mark.anyio
+async def test_a_writers_later_file_waits_while_another_drainer_holds_its_earlier_one(
+        pool: AsyncConnectionPool, tmp_path: Path) -> None:
+    """With several workers on one home, any drainer takes any sealed file. One that found
+    a writer's first file taken by another drainer went on to that writer's next file, so
+    its events could reach the ledger before the first file's: out of the order they were
+    written (and acknowledged) in. A writer's later files now wait for its earlier one."""
+    writer = Spool(tmp_path, owner="worker-b")
+    writer.write([event(1)])
+    writer.seal()
+    writer.write([event(2)])
+    writer.seal()
+    first = sorted(tmp_path.glob("spool-*.hls"))[0]
+    with open(first, "rb") as other_drainer:  # another worker's drainer holds it
+        fcntl.flock(other_drainer.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert await SpoolDrainer(writer, LedgerStore(pool).append).drain_once() == 0
+    assert await SpoolDrainer(writer, LedgerStore(pool).append).drain_once() == 2
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT dedupe_key FROM hookledger.ledger ORDER BY position")
+        assert [k for (k,) in await cur.fetchall()] == [event(1).dedupe_key,
+                                                      event(2).dedupe_key]
