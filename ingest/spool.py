@@ -41,7 +41,11 @@ from ledger.jsonenc import dumps
 
 MAGIC = b"HLS1"
 HEADER = struct.Struct(">4sII")
-MAX_RECORD = 64 * 1024 * 1024
+# the most a record's length (u32) can say: the reader must read back every record the
+# writer writes. A smaller sanity bound (64 MiB, once) turned an acknowledged delivery of a
+# large body (HOOKLEDGER_MAX_BODY_BYTES has no upper bound) into damage, skipped; a corrupt
+# length is caught anyway, by the file's end or the CRC.
+MAX_RECORD = 0xFFFF_FFFF
 QUARANTINE = "quarantine.hls"  # events the ledger refused while draining; never drained
 UNNAMED_STALE_S = 60.0  # a hidden, not yet named file this old was left by a crash
 
@@ -58,6 +62,8 @@ def encode_event(event: NewEvent) -> bytes:
         "verified_by": event.verified_by,
     }
     payload = dumps(fields).encode()
+    if len(payload) > MAX_RECORD:  # no length to say it with: refused, never written torn
+        raise ValueError(f"a spool record of {len(payload)} bytes is too large")
     return HEADER.pack(MAGIC, len(payload), zlib.crc32(payload)) + payload
 
 

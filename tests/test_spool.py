@@ -451,3 +451,14 @@ async def test_a_writers_later_file_waits_while_another_drainer_holds_its_earlie
         cur = await conn.execute("SELECT dedupe_key FROM hookledger.ledger ORDER BY position")
         assert [k for (k,) in await cur.fetchall()] == [event(1).dedupe_key,
                                                       event(2).dedupe_key]
+
+
+def test_a_record_of_a_large_body_the_service_accepts_is_read_back_not_skipped() -> None:
+    """``HOOKLEDGER_MAX_BODY_BYTES`` has no upper bound, but the reader took any record
+    over 64 MiB for damage (``bad_header``) and skipped it: a body of about 28 MiB or more
+    (kept twice in a record, once in base64), answered 200 from the spool, was dropped
+    when the spool drained."""
+    body = b'{"reference": "BIG", "pad": "' + b"x" * (28 * 1024 * 1024) + b'"}'
+    big = dataclasses.replace(event(1), payload_json=body.decode(), raw_body=body)
+    back, damage = read_records(encode_event(big))
+    assert damage == [] and back == [big]
