@@ -81,6 +81,17 @@ def thread_keys(event: StoredEvent) -> list[str]:
     return [f"{facts['phone_number_id']}{THREAD_SEPARATOR}{facts['contact_wa_id']}"]
 
 
+def window_start(event: StoredEvent) -> datetime:
+    """When an inbound message opened or extended its window: its own time, else when the
+    delivery reached us.
+
+    The spec makes every inbound message open or extend the window; one that came without
+    ``message.timestamp`` left its thread closed (and an open one unextended) although the
+    customer had just written. The time it was received is the only evidence left, and the
+    ledger keeps it, so a rebuild counts from the same instant as the live projector did."""
+    return event.occurred_at or event.received_at
+
+
 def fold_thread(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrepancy]]:
     facts = dict(event.facts)
     state: Row = dict(row) if row is not None else {
@@ -88,11 +99,11 @@ def fold_thread(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrepa
         "contact_wa_id": facts["contact_wa_id"], "profile_name": None,
         "last_inbound_at": None, "window_expires_at": None, "last_message_id": None,
         "provenance": {}, "event_count": 0, "last_position": 0}
-    at: datetime | None = event.occurred_at
+    at = window_start(event)
     latest = state["last_inbound_at"]
     # two messages in one second: the greater id is the last, whichever arrived first
-    if at is not None and (latest is None or at > latest or (
-            at == latest and (facts.get("message_id") or "") > (state["last_message_id"] or ""))):
+    if latest is None or at > latest or (
+            at == latest and (facts.get("message_id") or "") > (state["last_message_id"] or "")):
         state["last_inbound_at"] = at
         state["window_expires_at"] = at + WINDOW
         state["last_message_id"] = facts.get("message_id")

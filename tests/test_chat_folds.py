@@ -136,3 +136,17 @@ def test_status_order_of_arrival_never_matters(order: list[str], drop: int) -> N
         return {k: v for k, v in row.items() if k not in HIDDEN}
 
     assert run(chosen) == run(canonical)
+
+
+def test_an_inbound_message_without_its_own_time_still_opens_and_extends_the_window() -> None:
+    """Every inbound message opens or extends the window; one without ``message.timestamp``
+    counts from when it was received, never leaves the thread closed."""
+    received = datetime.fromtimestamp(T0 + 7200, UTC)
+    body = inbound("wamid.NOTS", T0)
+    del body["message"]["timestamp"]
+    untimed = dataclasses.replace(chat_event(body), received_at=received)
+    earlier = chat_event(inbound("wamid.EARLY", T0))
+    for order in ([untimed], [earlier, untimed], [untimed, earlier]):
+        [row] = fold(order, thread_keys, fold_thread).values()
+        assert (row["last_inbound_at"], row["window_expires_at"], row["last_message_id"]) == (
+            received, received + timedelta(hours=24), "wamid.NOTS")
