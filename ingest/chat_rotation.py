@@ -143,6 +143,43 @@ def _answer(status: int, **body: Any) -> JSONResponse:
     return JSONResponse(body, status_code=status)
 
 
+@dataclass(frozen=True, slots=True)
+class Unstored:
+    """A rotation whose new secret could not be stored, and the file it was rescued to
+    (None: writing that failed too)."""
+
+    error: SecretNotStored
+    rescued_to: Path | None
+
+
+async def rescue(home: Path, exc: SecretNotStored) -> Path | None:
+    """Write an unstored secret to a rescue file; None (logged) when that fails as well."""
+    try:
+        path = await asyncio.to_thread(rescue_to_file, home, exc.phone_number_id, exc.label,
+                                       exc.reveal(), datetime.now(UTC))
+    except OSError as io_error:
+        log.error("chat_secret.lost", phone_number_id=exc.phone_number_id, label=exc.label,
+                  error=type(io_error).__name__)
+        return None
+    log.error("chat_secret.rescued", phone_number_id=exc.phone_number_id, label=exc.label,
+              path=str(path))
+    return path
+
+
+async def rotate_or_rescue(ops: ChatOps, make_api: Callable[[], ChatApi],
+                           phone_number_id: str) -> Rotated | Unstored:
+    """Rotate, and rescue a secret that could not be stored, as ONE piece of work.
+
+    The route shields this from a caller who hangs up; the rescue belongs inside the shield,
+    since a caller cancelled before the provider answered never reaches its own handler,
+    and a secret the provider shows once would be neither stored nor rescued."""
+    try:
+        async with make_api() as api:
+            return await rotate(api, ops.secrets, ops.ledger, phone_number_id, via="admin")
+    except SecretNotStored as exc:
+        return Unstored(exc, await rescue(ops.home, exc))
+
+
 async def admin_rotate_secret(request: Request) -> Response:
     """``POST /api/chat/{phone_number_id}/rotate-secret``: answers the label, never the secret."""
     ops: ChatOps = request.app.state.chat_ops
@@ -154,34 +191,10 @@ async def admin_rotate_secret(request: Request) -> Response:
         return _answer(503, error="api_not_configured",
                        detail="HOOKLEDGER_API_BASE_URL is not set")
 
-    async def run() -> Rotated:
-        async with make_api() as api:
-            return await rotate(api, ops.secrets, ops.ledger, phone_number_id, via="admin")
-
     # shielded: a caller who hangs up must not cancel us between the answer and the store
     try:
-        rotated = await asyncio.shield(asyncio.create_task(run()))
-    except SecretNotStored as exc:
-        at = datetime.now(UTC)
-        try:
-            path = await asyncio.to_thread(rescue_to_file, ops.home, phone_number_id,
-                                           exc.label, exc.reveal(), at)
-        except OSError as io_error:
-            log.error("chat_secret.lost", phone_number_id=phone_number_id, label=exc.label,
-                      error=type(io_error).__name__)
-            return _answer(500, error="secret_lost", phone_number_id=phone_number_id,
-                           label=exc.label, detail=(
-                               f"{exc}; writing it to a rescue file failed too. Rotate again "
-                               "once storage works; deliveries signed with it are refused "
-                               "meanwhile and retried by the provider."))
-        log.error("chat_secret.rescued", phone_number_id=phone_number_id, label=exc.label,
-                  path=str(path))
-        return _answer(500, error="secret_not_stored", phone_number_id=phone_number_id,
-                       label=exc.label, rescued_to=str(path), detail=(
-                           f"{exc}. The provider already signs with it. It was written to "
-                           "the rescue file (mode 0600); once the database is fixed run "
-                           f"'hookledger chat store-secret {phone_number_id} --from-file "
-                           "<file>', then delete the file."))
+        outcome = await asyncio.shield(asyncio.create_task(
+            rotate_or_rescue(ops, make_api, phone_number_id)))
     except RotationError as exc:
         return _answer(400, error=exc.reason, detail=exc.detail)
     except ChatApiUnavailable as exc:
@@ -190,8 +203,22 @@ async def admin_rotate_secret(request: Request) -> Response:
         return _answer(502, error="provider_refused", detail=str(exc), code=exc.code)
     except ChatApiError as exc:
         return _answer(502, error="provider_answer_unusable", detail=str(exc))
-    return _answer(200, phone_number_id=rotated.phone_number_id, label=rotated.label,
-                   rotated_at=rotated.at.isoformat(), recorded=rotated.recorded)
+    if isinstance(outcome, Unstored):
+        error = outcome.error
+        if outcome.rescued_to is None:
+            return _answer(500, error="secret_lost", phone_number_id=phone_number_id,
+                           label=error.label, detail=(
+                               f"{error}; writing it to a rescue file failed too. Rotate again "
+                               "once storage works; deliveries signed with it are refused "
+                               "meanwhile and retried by the provider."))
+        return _answer(500, error="secret_not_stored", phone_number_id=phone_number_id,
+                       label=error.label, rescued_to=str(outcome.rescued_to), detail=(
+                           f"{error}. The provider already signs with it. It was written to "
+                           "the rescue file (mode 0600); once the database is fixed run "
+                           f"'hookledger chat store-secret {phone_number_id} --from-file "
+                           "<file>', then delete the file."))
+    return _answer(200, phone_number_id=outcome.phone_number_id, label=outcome.label,
+                   rotated_at=outcome.at.isoformat(), recorded=outcome.recorded)
 
 
 ROTATE_RESPONSE_SCHEMA = {"type": "object", "properties": {

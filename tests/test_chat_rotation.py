@@ -6,21 +6,28 @@ hookledger over HTTP, storage is the test's real PostgreSQL.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import httpx
 import pytest
 import structlog
 from click.testing import CliRunner
+from starlette.requests import Request
 
 from hookledger import logs
 from hookledger.cli import main
+from ingest.chat_rotation import ChatOps, admin_rotate_secret
 from ingest.chat_secrets import fingerprint
+from ledger import LedgerUnavailable
 from sandbox.runner import Sandbox, running_sandbox
 from tests.chat_events import PHONE, encode, inbound
 from tests.chat_live import (
@@ -280,3 +287,47 @@ def test_no_secret_api_key_or_admin_token_in_logs_of_these_paths(
             "delivery.accepted"} <= events
     for value in [*issued, OLD_SECRET, API_KEY, ADMIN_TOKEN]:
         assert value not in err, value[:6]
+
+
+def test_a_caller_who_hangs_up_still_gets_an_unstored_secret_rescued(tmp_path: Path) -> None:
+    """The route is shielded against a caller going away; the rescue of a secret that could
+    not be stored must happen inside that shield too, or the secret is lost."""
+    async def scenario() -> list[Path]:
+        issued = asyncio.Event()
+        stored = asyncio.Event()
+
+        class Api:
+            async def __aenter__(self) -> Api:
+                return self
+
+            async def __aexit__(self, *_: object) -> None:
+                return None
+
+            async def rotate_secret(self, phone_number_id: str) -> str:
+                await issued.wait()  # the provider answers after the caller hung up
+                return "issued-once-never-again-7"
+
+        class Secrets:
+            async def store_rotated(self, *_: Any) -> str:
+                stored.set()
+                raise LedgerUnavailable("the database is away")
+
+        ops = ChatOps(Secrets(), None, tmp_path, Api)  # type: ignore[arg-type]
+        app = SimpleNamespace(state=SimpleNamespace(chat_ops=ops))
+        request = Request({"type": "http", "app": app, "method": "POST", "headers": [],
+                           "path_params": {"phone_number_id": PHONE}})
+        handler = asyncio.create_task(admin_rotate_secret(request))
+        await asyncio.sleep(0.01)
+        handler.cancel()  # the caller hangs up while the provider is rotating
+        issued.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await handler
+        await asyncio.wait_for(stored.wait(), 5)
+        for _ in range(200):  # the shielded work goes on without the caller
+            await asyncio.sleep(0.01)
+            if list(tmp_path.glob("rescued-secrets/*")):
+                break
+        return list(tmp_path.glob("rescued-secrets/*"))
+
+    [rescued] = asyncio.run(scenario())
+    assert rescued.read_text().strip() == "issued-once-never-again-7"
