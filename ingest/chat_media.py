@@ -9,8 +9,12 @@ ledger event in stream ``chat-media:<media id>`` (source ``media``):
 
 * ``chat.media.fetched`` (dedupe ``media:fetched:<id>``): stored; done for good.
 * ``chat.media.failed`` (dedupe ``media:failed:<id>:<attempt>``): attempt N failed; attempt
-  N+1 is due ``retry_base_s * 2**(N-1)`` (capped) after it; after ``max_attempts`` failures
-  the media is given up.
+  N+1 is due ``retry_base_s * 2**(N-1)`` (capped) after it. Only failures that say something
+  about the media (the API refused it, or it could not be stored) count toward giving up:
+  after ``max_attempts`` of those the media is given up. An API that gave no usable answer
+  (``retryable``: connection, timeout, 429, 5xx) said nothing about the media; counting it
+  gave up every media message that arrived during half a minute of outage or rate limiting,
+  and nothing ever fetched them again. Those attempts go on at the capped delay.
 
 The dedupe keys make each outcome idempotent, so two workers (two service processes) racing
 on one media id add one ``fetched`` event and one ``failed`` event per attempt number at most;
@@ -102,6 +106,7 @@ class Pending:
     fetched: bool
     failures: int
     last_failed_at: datetime | None
+    refusals: int  # the failures that count toward giving up (not ``retryable`` ones)
 
 
 def backoff(failures: int, base_s: float, cap_s: float) -> float:
@@ -120,7 +125,7 @@ def plan(rows: Sequence[Pending], *, after: int, now: datetime, max_attempts: in
     seen: set[str] = set()
     cursor, blocked = after, False
     for row in rows:
-        settled = row.fetched or row.failures >= max_attempts
+        settled = row.fetched or row.refusals >= max_attempts
         if settled and not blocked:
             cursor = row.position
             continue
@@ -147,11 +152,12 @@ def fetched_event(row: Pending, stored: StoredMedia, content_type: str,
 
 
 def failed_event(row: Pending, reason: str, detail: str | None, now: datetime,
-                 *, final: bool) -> NewEvent:
+                 *, final: bool, retryable: bool = False) -> NewEvent:
     attempt = row.failures + 1
     payload = {"media_id": row.media_id, "message_id": row.message_id,
                "phone_number_id": row.phone_number_id, "attempt": attempt,
-               "reason": reason, "detail": detail, "final": final, "failed_at": now}
+               "reason": reason, "detail": detail, "final": final, "retryable": retryable,
+               "failed_at": now}
     text = dumps(payload)
     return NewEvent(stream=f"chat-media:{row.media_id}", event_type=FAILED, source=SOURCE,
                     dedupe_key=f"media:failed:{row.media_id}:{attempt}", payload_json=text,
@@ -230,9 +236,10 @@ class MediaFetcher:
         except (ChatApiError, OSError) as exc:
             reason = exc.reason if isinstance(exc, ChatApiError) else "storage"
             detail = exc.detail if isinstance(exc, ChatApiError) else type(exc).__name__
-            final = row.failures + 1 >= self._max_attempts
+            retryable = isinstance(exc, ChatApiError) and exc.retryable
+            final = not retryable and row.refusals + 1 >= self._max_attempts
             await self._ledger.append([failed_event(row, reason, detail, self._clock(),
-                                                    final=final)])
+                                                    final=final, retryable=retryable)])
             log.warning("chat_media.failed", reason=reason, detail=detail, final=final,
                         **bound)
             return

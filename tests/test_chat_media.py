@@ -90,6 +90,21 @@ def test_a_failing_media_endpoint_is_retried_then_fetched(
     assert (tmp_path / stored["path"]).read_bytes() == media_bytes("media-doc-1")
 
 
+def test_an_api_unavailable_for_longer_than_the_bound_still_gets_the_media_fetched(
+        service: str, sandbox: Sandbox, db_url: str, tmp_path: Path) -> None:
+    """Only answers refusing the media count toward giving up: a provider down (5xx, 429,
+    timeouts) for more attempts than the bound is waited out, never gives the media up."""
+    sandbox.state.issue_media("media-vid-9", "video")
+    sandbox.faults.set(error_count=MAX_ATTEMPTS + 1, error_status=503)
+    deliver_image(sandbox, "media-vid-9", "wamid.M9", "d-9")
+    [stored] = wait_for(lambda: fetched(db_url))
+    failed = [p for t, _, p in media_events(db_url) if t == "chat.media.failed"]
+    assert [(p["attempt"], p["final"]) for p in failed] == [
+        (n, False) for n in range(1, MAX_ATTEMPTS + 2)]
+    assert stored["attempt"] == MAX_ATTEMPTS + 2
+    assert (tmp_path / stored["path"]).read_bytes() == media_bytes("media-vid-9")
+
+
 def test_permanent_failures_stop_after_the_bound(
         service: str, sandbox: Sandbox, db_url: str) -> None:
     deliver_image(sandbox, "media-never-issued", "wamid.M3", "d-3")  # the API answers 404
@@ -136,9 +151,10 @@ NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def pending(position: int, media_id: str, *, fetched: bool = False, failures: int = 0,
-            ago_s: float | None = None) -> Pending:
+            ago_s: float | None = None, refusals: int | None = None) -> Pending:
     last = NOW - timedelta(seconds=ago_s) if ago_s is not None else None
-    return Pending(position, media_id, f"m-{position}", PHONE, fetched, failures, last)
+    return Pending(position, media_id, f"m-{position}", PHONE, fetched, failures, last,
+                   failures if refusals is None else refusals)
 
 
 def test_plan_skips_settled_rows_waits_for_backoff_and_holds_the_cursor() -> None:
@@ -148,6 +164,13 @@ def test_plan_skips_settled_rows_waits_for_backoff_and_holds_the_cursor() -> Non
     due, cursor = plan(rows_, after=0, now=NOW, max_attempts=3, base_s=1, cap_s=60)
     assert [r.media_id for r in due] == ["d", "e"]  # c waits 1 s after its first failure
     assert cursor == 2  # past a (fetched) and b (given up); c holds it
+
+
+def test_plan_never_gives_up_media_for_failures_that_said_nothing_about_it() -> None:
+    """Attempts the API could not answer are retried at the capped delay, however many."""
+    waited_out = pending(1, "a", failures=7, refusals=1, ago_s=60)
+    due, cursor = plan([waited_out], after=0, now=NOW, max_attempts=3, base_s=1, cap_s=60)
+    assert (due, cursor) == ([waited_out], 0)
 
 
 def test_envelopes_are_read_strictly() -> None:

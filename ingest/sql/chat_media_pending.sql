@@ -6,13 +6,19 @@ SELECT r.position,
        r.facts->>'phone_number_id' AS phone_number_id,
        o.fetched,
        o.failures,
-       o.last_failed_at
+       o.last_failed_at,
+       o.refusals
 FROM hookledger_private.ledger_events r
 CROSS JOIN LATERAL (
     SELECT coalesce(bool_or(e.event_type = 'chat.media.fetched'), false) AS fetched,
            count(*) FILTER (WHERE e.event_type = 'chat.media.failed') AS failures,
            max(e.received_at) FILTER (WHERE e.event_type = 'chat.media.failed')
-               AS last_failed_at
+               AS last_failed_at,
+           -- what counts toward giving up: not an API that gave no usable answer (older
+           -- events, written before the flag, count as they always did)
+           count(*) FILTER (WHERE e.event_type = 'chat.media.failed'
+                              AND NOT coalesce((e.facts->>'retryable')::boolean, false))
+               AS refusals
     FROM hookledger_private.ledger_events e
     WHERE e.stream = 'chat-media:' || (r.facts->>'media_id')
 ) o
