@@ -86,7 +86,9 @@ async def keep_secret(secrets: ChatSecretStore, ledger: LedgerStore, phone_numbe
     at = clock()
     try:
         label = await secrets.store_rotated(phone_number_id, secret, at)
-    except Exception as exc:  # noqa: BLE001 - whatever failed, the secret goes back out
+    # whatever failed, the secret goes back out: cancellation too (Ctrl-C on a database that
+    # hangs, a shutdown), which is no Exception and took the secret with it, never shown
+    except (Exception, asyncio.CancelledError) as exc:  # noqa: BLE001
         cause = getattr(exc, "reason", None) or type(exc).__name__
         log.error("chat_secret.not_stored", phone_number_id=phone_number_id,
                   label=fingerprint(secret), cause=cause)

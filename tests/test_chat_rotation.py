@@ -25,7 +25,7 @@ from starlette.requests import Request
 
 from hookledger import logs
 from hookledger.cli import main
-from ingest.chat_rotation import ChatOps, admin_rotate_secret
+from ingest.chat_rotation import ChatOps, SecretNotStored, admin_rotate_secret, keep_secret
 from ingest.chat_secrets import fingerprint
 from ledger import LedgerUnavailable
 from sandbox.runner import Sandbox, running_sandbox
@@ -331,3 +331,30 @@ def test_a_caller_who_hangs_up_still_gets_an_unstored_secret_rescued(tmp_path: P
 
     [rescued] = asyncio.run(scenario())
     assert rescued.read_text().strip() == "issued-once-never-again-7"
+
+
+def test_a_store_cancelled_midway_still_hands_the_secret_back() -> None:
+    """An operator's Ctrl-C while the database hangs on the store (or a shutdown cancelling
+    the rotation) is a store that failed: the secret must come back out to be shown or
+    rescued, not vanish with the cancellation."""
+
+    async def scenario() -> SecretNotStored:
+        storing = asyncio.Event()
+
+        class Secrets:
+            async def store_rotated(self, *_: Any) -> str:
+                storing.set()
+                await asyncio.sleep(3600)  # a database that does not answer
+                raise AssertionError("not reached")
+
+        task = asyncio.create_task(keep_secret(
+            Secrets(), None, PHONE, "issued-once-never-again-8", via="cli"))  # type: ignore[arg-type]
+        await storing.wait()
+        task.cancel()
+        with pytest.raises(SecretNotStored) as raised:
+            await task
+        return raised.value
+
+    error = asyncio.run(scenario())
+    assert error.reveal() == "issued-once-never-again-8"
+    assert "issued-once-never-again-8" not in str(error)
