@@ -109,9 +109,16 @@ class Pending:
     refusals: int  # the failures that count toward giving up (not ``retryable`` ones)
 
 
+MAX_DOUBLINGS = 62  # far past any cap; 2**1024 times a float overflowed
+
+
 def backoff(failures: int, base_s: float, cap_s: float) -> float:
-    """Seconds to wait after the ``failures``-th failure before the next attempt."""
-    return min(cap_s, base_s * 2 ** max(0, failures - 1))
+    """Seconds to wait after the ``failures``-th failure before the next attempt.
+
+    Bounded before it is multiplied: an API away for days has failed a media a thousand
+    times (those failures never give it up), and the float product then overflowed,
+    failing every poll of the worker, for every media."""
+    return min(cap_s, base_s * 2 ** min(MAX_DOUBLINGS, max(0, failures - 1)))
 
 
 def plan(rows: Sequence[Pending], *, after: int, now: datetime, max_attempts: int,

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from ingest.chat_api import ChatApiMalformed, ChatApiRefused, ChatApiUnavailable, parse_envelope
-from ingest.chat_media import Pending, plan
+from ingest.chat_media import Pending, backoff, plan
 from sandbox.runner import Sandbox, running_sandbox
 from sandbox.state import media_bytes
 from tests.chat_events import PHONE, encode, inbound
@@ -171,6 +171,11 @@ def test_plan_never_gives_up_media_for_failures_that_said_nothing_about_it() -> 
     waited_out = pending(1, "a", failures=7, refusals=1, ago_s=60)
     due, cursor = plan([waited_out], after=0, now=NOW, max_attempts=3, base_s=1, cap_s=60)
     assert (due, cursor) == ([waited_out], 0)
+
+
+def test_the_backoff_stays_at_its_cap_however_many_failures() -> None:
+    assert backoff(5000, 2.0, 300.0) == 300.0
+    assert (backoff(1, 2.0, 300.0), backoff(3, 2.0, 300.0)) == (2.0, 8.0)
 
 
 def test_envelopes_are_read_strictly() -> None:
