@@ -14,7 +14,9 @@ ledger event in stream ``chat-media:<media id>`` (source ``media``):
   after ``max_attempts`` of those the media is given up. An API that gave no usable answer
   (``retryable``: connection, timeout, 429, 5xx) said nothing about the media; counting it
   gave up every media message that arrived during half a minute of outage or rate limiting,
-  and nothing ever fetched them again. Those attempts go on at the capped delay.
+  and nothing ever fetched them again. Those attempts go on at the capped delay, up to
+  :data:`OUTAGE_ATTEMPTS` more: about twelve hours at the 300 s cap (the provider's own
+  retry horizon for chat), never for ever, since an unsettled row holds the cursor.
 
 The dedupe keys make each outcome idempotent, so two workers (two service processes) racing
 on one media id add one ``fetched`` event and one ``failed`` event per attempt number at most;
@@ -109,6 +111,7 @@ class Pending:
     refusals: int  # the failures that count toward giving up (not ``retryable`` ones)
 
 
+OUTAGE_ATTEMPTS = 150  # retryable failures a media rides out beyond ``max_attempts``
 MAX_DOUBLINGS = 62  # far past any cap; 2**1024 times a float overflowed
 
 
@@ -119,6 +122,12 @@ def backoff(failures: int, base_s: float, cap_s: float) -> float:
     times (those failures never give it up), and the float product then overflowed,
     failing every poll of the worker, for every media."""
     return min(cap_s, base_s * 2 ** min(MAX_DOUBLINGS, max(0, failures - 1)))
+
+
+def given_up(failures: int, refusals: int, max_attempts: int) -> bool:
+    """After ``max_attempts`` failures that concern the media, or an outage outlasting
+    :data:`OUTAGE_ATTEMPTS` more attempts."""
+    return refusals >= max_attempts or failures >= max_attempts + OUTAGE_ATTEMPTS
 
 
 def plan(rows: Sequence[Pending], *, after: int, now: datetime, max_attempts: int,
@@ -132,7 +141,7 @@ def plan(rows: Sequence[Pending], *, after: int, now: datetime, max_attempts: in
     seen: set[str] = set()
     cursor, blocked = after, False
     for row in rows:
-        settled = row.fetched or row.refusals >= max_attempts
+        settled = row.fetched or given_up(row.failures, row.refusals, max_attempts)
         if settled and not blocked:
             cursor = row.position
             continue
@@ -244,7 +253,8 @@ class MediaFetcher:
             reason = exc.reason if isinstance(exc, ChatApiError) else "storage"
             detail = exc.detail if isinstance(exc, ChatApiError) else type(exc).__name__
             retryable = isinstance(exc, ChatApiError) and exc.retryable
-            final = not retryable and row.refusals + 1 >= self._max_attempts
+            final = given_up(row.failures + 1, row.refusals + (0 if retryable else 1),
+                             self._max_attempts)
             await self._ledger.append([failed_event(row, reason, detail, self._clock(),
                                                     final=final, retryable=retryable)])
             log.warning("chat_media.failed", reason=reason, detail=detail, final=final,

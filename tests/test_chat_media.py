@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from ingest.chat_api import ChatApiMalformed, ChatApiRefused, ChatApiUnavailable, parse_envelope
-from ingest.chat_media import Pending, backoff, plan
+from ingest.chat_media import OUTAGE_ATTEMPTS, Pending, backoff, plan
 from sandbox.runner import Sandbox, running_sandbox
 from sandbox.state import media_bytes
 from tests.chat_events import PHONE, encode, inbound
@@ -171,6 +171,9 @@ def test_plan_never_gives_up_media_for_failures_that_said_nothing_about_it() -> 
     waited_out = pending(1, "a", failures=7, refusals=1, ago_s=60)
     due, cursor = plan([waited_out], after=0, now=NOW, max_attempts=3, base_s=1, cap_s=60)
     assert (due, cursor) == ([waited_out], 0)
+    # but not for ever: an unsettled row holds the cursor, and the rows after it wait
+    outlasted = pending(1, "a", failures=3 + OUTAGE_ATTEMPTS, refusals=0, ago_s=600)
+    assert plan([outlasted], after=0, now=NOW, max_attempts=3, base_s=1, cap_s=60) == ([], 1)
 
 
 def test_the_backoff_stays_at_its_cap_however_many_failures() -> None:
