@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Iterator, Sequence
 
 import structlog
 
@@ -19,6 +20,34 @@ from ingest.spool import QUARANTINE, Spool, read_records
 from ledger import LedgerUnavailable, NewEvent
 
 log = structlog.get_logger("hookledger.spool")
+
+# at most this many bytes of bodies per drained chunk (one event may be larger alone). Each
+# chunk must commit within HOOKLEDGER_APPEND_STALL_S, or it is given up and tried again the
+# same way next round: 256 bodies of a megabyte could never drain, and while the backlog
+# stands every new delivery is spooled behind it, so nothing would reach the ledger again
+CHUNK_BYTES = 4 * 1024 * 1024
+
+
+def event_bytes(event: NewEvent) -> int:
+    """The bytes an event's append carries: its body, and its payload when it has its own."""
+    return len(event.raw_body or b"") + len(event.payload_json or "")
+
+
+def chunks(events: Sequence[NewEvent], *, max_events: int,
+           max_bytes: int = CHUNK_BYTES) -> Iterator[list[NewEvent]]:
+    """``events`` in order, in chunks of at most ``max_events`` and, unless one event alone
+    is larger, ``max_bytes``."""
+    chunk: list[NewEvent] = []
+    size = 0
+    for event in events:
+        weight = event_bytes(event)
+        if chunk and (len(chunk) >= max_events or size + weight > max_bytes):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(event)
+        size += weight
+    if chunk:
+        yield chunk
 
 
 class SpoolDrainer:
@@ -59,8 +88,8 @@ class SpoolDrainer:
                 self.damaged += 1
                 log.error("spool.damaged", file=d.file, offset=d.offset, length=d.length,
                           reason=d.reason)
-            for start in range(0, len(events), self._batch_size):
-                await self._append_chunk(events[start:start + self._batch_size])
+            for chunk in chunks(events, max_events=self._batch_size):
+                await self._append_chunk(chunk)
             self._spool.drained(path)
             appended += len(events)
             log.info("spool.drained", file=path.name, events=len(events))

@@ -25,7 +25,7 @@ from ingest.appender import BatchingAppender
 from ingest.chat_body import DeliveryMeta, read_chat_or_malformed
 from ingest.json_body import parse_object
 from ingest.spool import QUARANTINE, Spool, encode_event, read_records
-from ingest.spool_drain import SpoolDrainer
+from ingest.spool_drain import CHUNK_BYTES, SpoolDrainer, chunks, event_bytes
 from ledger import LedgerStore, NewEvent
 from tests.chat_events import PHONE, chat_header, inbound
 from tests.chat_events import encode as chat_encode
@@ -43,6 +43,51 @@ def event(i: int) -> NewEvent:
                     facts={"reference": f"S-{i}", "amount": "1000.50"},
                     raw_body=b'{"reference": "S-%d"}' % i, headers={"user-agent": "t"},
                     endpoint="general/main", verified_by="main")
+
+
+def sized(i: int, body_bytes: int) -> NewEvent:
+    """``event(i)`` whose raw body is ``body_bytes`` long."""
+    return dataclasses.replace(event(i), raw_body=b"x" * body_bytes)
+
+
+@given(st.lists(st.integers(min_value=0, max_value=400), max_size=40),
+       st.integers(min_value=1, max_value=8), st.integers(min_value=1, max_value=600))
+def test_chunks_keep_order_and_stay_within_both_bounds(
+        sizes: list[int], max_events: int, max_bytes: int) -> None:
+    """Every event once, in order; no chunk over either bound unless one event alone is
+    larger; and no chunk cut short while the next event still fitted."""
+    events = [sized(i, n) for i, n in enumerate(sizes)]
+    cut = list(chunks(events, max_events=max_events, max_bytes=max_bytes))
+    assert [e for chunk in cut for e in chunk] == events
+    for i, chunk in enumerate(cut):
+        weight = sum(event_bytes(e) for e in chunk)
+        assert 0 < len(chunk) <= max_events
+        assert weight <= max_bytes or len(chunk) == 1
+        if i + 1 < len(cut) and len(chunk) < max_events:
+            assert weight + event_bytes(cut[i + 1][0]) > max_bytes
+
+
+@pytest.mark.anyio
+async def test_a_backlog_of_large_bodies_drains_in_chunks_each_commit_can_finish(
+        pool: AsyncConnectionPool, tmp_path: Path) -> None:
+    """Each drained chunk must commit within the stall bound, or it is given up and tried
+    the same way every round: 256 bodies of a megabyte in one statement never drained, and
+    every new delivery queued behind that backlog for good. Chunks are bounded in bytes."""
+    spool = Spool(tmp_path)
+    big = [sized(i, 1024 * 1024) for i in range(12)]
+    spool.write(big)
+    store = LedgerStore(pool)
+    sent: list[int] = []
+
+    async def append_many(events: Any) -> Any:
+        sent.append(sum(event_bytes(e) for e in events))
+        return await store.append(events)
+
+    assert await SpoolDrainer(spool, append_many).drain_once() == len(big)
+    assert len(sent) > 1 and max(sent) <= CHUNK_BYTES
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT dedupe_key FROM hookledger.ledger ORDER BY position")
+        assert [k for (k,) in await cur.fetchall()] == [e.dedupe_key for e in big]
 
 
 def test_records_come_back_exactly_and_in_order() -> None:
