@@ -7,11 +7,13 @@ import contextlib
 import signal
 import sys
 import time
+import tomllib
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 import structlog
 from pydantic import ValidationError
+from pydantic_settings import SettingsError
 
 from hookledger import logs, migrate
 from hookledger.database import database, libpq_url
@@ -39,6 +41,13 @@ def load_settings() -> Settings:
             key = ".".join(str(part) for part in error["loc"]) or "settings"
             lines.append(f"HOOKLEDGER_{key.upper()}: {error['msg']}")
         _fail("bad configuration:\n  " + "\n  ".join(lines))
+    except SettingsError as exc:
+        # a mapping (HOOKLEDGER_RECONCILE_RECORD_PATHS) that is not JSON fails before
+        # validation; the message names the field, never the value
+        field = str(exc).split('"')[1] if str(exc).count('"') >= 2 else "settings"
+        _fail(f"bad configuration:\n  HOOKLEDGER_{field.upper()}: not valid JSON")
+    except tomllib.TOMLDecodeError as exc:
+        _fail(f"bad configuration:\n  hookledger.toml: {exc}")
 
 
 def _secret_values(settings: Settings) -> list[str]:

@@ -141,3 +141,26 @@ def test_a_mistyped_record_field_stops_a_command_with_the_variables_name(
     assert result.exit_code != 0 and not isinstance(result.exception, ValidationError)
     assert "HOOKLEDGER_RECONCILE_RECORD_PATHS" in result.output and "stauts" in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(("variable", "toml", "named"), [
+    ("notjson", None, "HOOKLEDGER_RECONCILE_RECORD_PATHS"),
+    (None, "port = \n", "hookledger.toml"),
+])
+def test_an_unreadable_mapping_or_toml_file_stops_a_command_without_a_traceback(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, variable: str | None,
+        toml: str | None, named: str) -> None:
+    """A mapping that is not JSON, or a toml file that is not TOML, once raised out of the
+    settings source (not a ValidationError) and stopped every command with a traceback."""
+    from click.testing import CliRunner
+
+    from hookledger.cli import main
+
+    if variable is not None:
+        monkeypatch.setenv("HOOKLEDGER_RECONCILE_RECORD_PATHS", variable)
+    if toml is not None:
+        (tmp_path / "hookledger.toml").write_text(toml)
+    result = CliRunner().invoke(main, ["db", "url"])
+    assert result.exit_code == 2, result.output
+    assert isinstance(result.exception, SystemExit)
+    assert named in result.output and "Traceback" not in result.output
