@@ -80,7 +80,19 @@ def _ignore_signals() -> None:
         signal.signal(signum, lambda *_: None)
 
 
-@click.group()
+class _Commands(click.Group):
+    """Every command's embedded server that cannot start is a message and exit 2, never a
+    traceback: ``reconcile``, ``report``, ``expect``, ``resolve``, ``chat`` and ``demo``
+    once let it through, where ``migrate`` and the others named the cause in one line."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except EmbeddedPostgresError as exc:
+            _fail(str(exc))
+
+
+@click.group(cls=_Commands)
 @click.version_option(package_name="hookledger")
 def main() -> None:
     """hookledger: a reconciliation ledger for the provider's webhooks."""

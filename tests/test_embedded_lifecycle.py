@@ -61,3 +61,30 @@ def test_a_repeated_start_that_fails_keeps_the_running_server(
     finally:
         server.stop()
     assert not postgres_running(home)
+
+
+@pytest.mark.parametrize("command", [
+    ["report", "--format", "json"], ["reconcile"], ["expect", "M-1", "--kind", "sms"],
+    ["resolve", "d-1", "--reason", "checked"], ["demo"], ["migrate"]])
+def test_every_command_whose_embedded_server_cannot_start_says_so_without_a_traceback(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: list[str]) -> None:
+    """The README: with no binaries (or a server that will not start) hookledger exits
+    saying why. Commands mounted from other modules once raised the error as a traceback."""
+    from click.testing import CliRunner
+
+    from hookledger.cli import main
+
+    for key in list(__import__("os").environ):
+        if key.startswith("HOOKLEDGER_"):
+            monkeypatch.delenv(key)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOOKLEDGER_API_BASE_URL", "http://127.0.0.1:9")
+
+    def unavailable(self: EmbeddedPostgres) -> str:
+        raise EmbeddedPostgresError("no PostgreSQL server binaries found (test)")
+
+    monkeypatch.setattr(EmbeddedPostgres, "start", unavailable)
+    result = CliRunner().invoke(main, command)
+    assert result.exit_code == 2, result.output
+    assert isinstance(result.exception, SystemExit)
+    assert "no PostgreSQL server binaries found (test)" in result.output
