@@ -14,6 +14,7 @@ from reconcile.expectations import (
     ExpectationInvalid,
     parse_expectation,
     register,
+    registered,
 )
 
 MAX_BODY = 16 * 1024
@@ -38,6 +39,8 @@ async def post_expectation(request: Request) -> Response:
     try:
         async with pool.connection() as conn:
             created = await register(conn, expectation)
+            if not created:  # answered as kept: the first registration's time and amount
+                expectation = await registered(conn, expectation.reference) or expectation
     except ExpectationConflict as exc:
         return _error(409, "conflict", str(exc))
     except ExpectationInvalid as exc:

@@ -129,3 +129,13 @@ async def register(conn: psycopg.AsyncConnection[Any], expectation: Expectation)
         raise ExpectationInvalid(str(exc.diag.message_primary or "invalid")) from exc
     row = await cur.fetchone()
     return bool(row and row[0])
+
+
+async def registered(conn: psycopg.AsyncConnection[Any], reference: str) -> Expectation | None:
+    """The expectation as stored: a repeat registration keeps the first one's amount and
+    ``initiated_at``, so that is what a repeat is answered with, not what it asked."""
+    cur = await conn.execute(
+        "SELECT reference, kind, amount, initiated_at FROM hookledger_private.expectations "
+        "WHERE reference = %s", (reference,))
+    row = await cur.fetchone()
+    return Expectation(row[0], row[1], row[2], row[3].astimezone(UTC)) if row else None

@@ -103,3 +103,25 @@ def test_a_registered_sms_is_pending_until_its_report_and_never_reconciled(db_ur
         result = reconcile(db_url, api.url)
     assert state.asked == {} and result.checked == 0
     assert rows(db_url, "SELECT count(*) FROM hookledger.discrepancies") == [(0,)]
+
+
+def test_a_repeat_registration_is_answered_with_what_was_kept(db_url: str) -> None:
+    """A repeat is accepted (200) and changes nothing, so its answer shows the first
+    registration's initiated_at: it once echoed the repeat's own (or the time of the
+    repeat, when it gave none), a time that was never stored."""
+    with running_service(db_url, admin_token=TOKEN) as base:
+        url, auth = f"{base}/api/expectations", {"Authorization": f"Bearer {TOKEN}"}
+        first = httpx.post(url, headers=auth, json={
+            "reference": "E-9", "kind": "collection", "amount": "1500",
+            "initiated_at": "2026-11-22T08:00:00+03:00"})
+        assert first.status_code == 201
+        for repeat in ({"initiated_at": "2026-11-23T09:00:00+03:00"}, {}):
+            again = httpx.post(url, headers=auth, json={
+                "reference": "E-9", "kind": "collection", "amount": "1500.00", **repeat})
+            assert again.status_code == 200
+            assert again.json()["initiated_at"] == "2026-11-22T05:00:00+00:00"
+            assert again.json()["amount"] == "1500"
+    with psycopg.connect(db_url) as conn:
+        assert conn.execute("SELECT initiated_at = '2026-11-22T05:00:00Z' FROM "
+                            "hookledger.expectations WHERE reference = 'E-9'").fetchone() == (
+            True,)
