@@ -192,6 +192,16 @@ class Settings(BaseSettings):
                                  "payment.state, with no empty step")
         return value
 
+    @field_validator("host")
+    @classmethod
+    def _host(cls, value: str) -> str:
+        """A blank host (``HOOKLEDGER_HOST=`` in an env file) made the socket listen on every
+        interface, not on the documented default, loopback."""
+        if not value.strip():
+            raise ValueError("must name the address to listen on, such as 127.0.0.1 "
+                             "(0.0.0.0 for every interface)")
+        return value
+
     @field_validator("provider_timezone")
     @classmethod
     def _zone(cls, value: str) -> str:

@@ -164,3 +164,12 @@ def test_an_unreadable_mapping_or_toml_file_stops_a_command_without_a_traceback(
     assert result.exit_code == 2, result.output
     assert isinstance(result.exception, SystemExit)
     assert named in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("blank", ["", " "])
+def test_a_blank_host_is_refused_rather_than_listening_on_every_interface(
+        monkeypatch: pytest.MonkeyPatch, blank: str) -> None:
+    """An empty HOOKLEDGER_HOST bound the socket to 0.0.0.0, not the default loopback."""
+    monkeypatch.setenv("HOOKLEDGER_HOST", blank)
+    with pytest.raises(ValidationError, match="host"):
+        Settings()
