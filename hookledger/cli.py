@@ -39,6 +39,11 @@ def load_settings() -> Settings:
         lines = []
         for error in exc.errors(include_input=False, include_url=False):
             key = ".".join(str(part) for part in error["loc"]) or "settings"
+            if error["type"] == "extra_forbidden":  # unknown environment variables are
+                # ignored, so an unknown key is hookledger.toml's, and no variable of ours
+                lines.append(f"hookledger.toml: unknown key {key!r} (keys are the variables' "
+                             "names in lower case without HOOKLEDGER_, e.g. port)")
+                continue
             lines.append(f"HOOKLEDGER_{key.upper()}: {error['msg']}")
         _fail("bad configuration:\n  " + "\n  ".join(lines))
     except SettingsError as exc:

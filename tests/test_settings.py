@@ -173,3 +173,19 @@ def test_a_blank_host_is_refused_rather_than_listening_on_every_interface(
     monkeypatch.setenv("HOOKLEDGER_HOST", blank)
     with pytest.raises(ValidationError, match="host"):
         Settings()
+
+
+@pytest.mark.parametrize("key", ["HOOKLEDGER_PORT", "prot"])
+def test_an_unknown_toml_key_is_named_as_the_files_not_as_a_variable(
+        tmp_path: Path, key: str) -> None:
+    """It was reported as a variable that does not exist (HOOKLEDGER_HOOKLEDGER_PORT,
+    HOOKLEDGER_PROT), with no word of the file it is in."""
+    from click.testing import CliRunner
+
+    from hookledger.cli import main
+
+    (tmp_path / "hookledger.toml").write_text(f"{key} = 9000\n")
+    result = CliRunner().invoke(main, ["db", "url"])
+    assert result.exit_code == 2, result.output
+    assert f"hookledger.toml: unknown key '{key}'" in result.output
+    assert "HOOKLEDGER_HOOKLEDGER" not in result.output and "HOOKLEDGER_PROT" not in result.output
