@@ -101,7 +101,7 @@ def expect_command(reference: str, kind: str, amount: str | None,
                    initiated_at: str | None) -> None:
     """Register an initiated payment, so that a webhook that never comes is noticed, or a
     sent SMS (its message id), shown pending until its operator report arrives."""
-    from reconcile.expectations import parse_expectation, register
+    from reconcile.expectations import Expectation, parse_expectation, register, registered
 
     settings = _root()
     try:
@@ -114,17 +114,19 @@ def expect_command(reference: str, kind: str, amount: str | None,
     with database(settings) as url:
         migrate.upgrade(url)
 
-        async def go() -> bool:
+        async def go() -> tuple[bool, Expectation]:
             async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-                return await register(conn, expectation)
+                created = await register(conn, expectation)
+                kept = None if created else await registered(conn, reference)
+                return created, kept or expectation  # a repeat: what was kept
 
         try:
-            created = asyncio.run(go())
+            created, kept = asyncio.run(go())
         except ReconcileError as exc:
             click.echo(f"hookledger: {exc}", err=True)
             sys.exit(1)
     click.echo(f"{'registered' if created else 'already registered'}: {kind} {reference} "
-               f"{expectation.amount} TZS")
+               f"{format(kept.amount, 'f')} TZS")  # 1e3 is 1000 TZS, never 1E+3
 
 
 @click.command(name="resolve")

@@ -33,6 +33,11 @@ def test_expect_reconcile_and_report_from_the_command_line(
         assert bad.exit_code != 0
         no_amount = runner.invoke(main, ["expect", "CLI-2", "--kind", "payout"])
         assert no_amount.exit_code != 0 and "amount is required" in no_amount.output
+        for amount, said in (("1e3", "registered: collection CLI-3 1000 TZS"),
+                             ("1000.00", "already registered: collection CLI-3 1000 TZS")):
+            plain = runner.invoke(main, ["expect", "CLI-3", "--kind", "collection",
+                                         "--amount", amount])  # once printed 1E+3, 1000.00
+            assert plain.exit_code == 0 and said in plain.output, plain.output
         sms = runner.invoke(main, ["expect", "SMS-1", "--kind", "sms"])
         assert sms.exit_code == 0, sms.output
         assert "registered: sms SMS-1 0 TZS" in sms.output
