@@ -86,15 +86,26 @@ def _ignore_signals() -> None:
 
 
 class _Commands(click.Group):
-    """Every command's embedded server that cannot start is a message and exit 2, never a
-    traceback: ``reconcile``, ``report``, ``expect``, ``resolve``, ``chat`` and ``demo``
-    once let it through, where ``migrate`` and the others named the cause in one line."""
+    """Every command's embedded server that cannot start, or database that cannot be
+    reached, is a message and exit 2, never a traceback: ``reconcile``, ``report``,
+    ``expect``, ``resolve``, ``chat`` and ``demo`` once let the first through, where
+    ``migrate`` and the others named the cause in one line."""
 
     def invoke(self, ctx: click.Context) -> Any:
+        import psycopg
+        import sqlalchemy.exc
+
         try:
             return super().invoke(ctx)
         except EmbeddedPostgresError as exc:
             _fail(str(exc))
+        except (psycopg.OperationalError, sqlalchemy.exc.OperationalError) as exc:
+            # a server that is not there, a database or role that does not exist: every
+            # command once stopped with a page of traceback (libpq's words name no password)
+            cause = exc.orig if isinstance(exc, sqlalchemy.exc.OperationalError) else exc
+            reason = " ".join(str(cause).split()) or type(cause).__name__
+            _fail(f"the database cannot be used (HOOKLEDGER_DATABASE_URL, else the embedded "
+                  f"server): {reason}")
 
 
 @click.group(cls=_Commands)

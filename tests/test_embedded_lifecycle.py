@@ -88,3 +88,21 @@ def test_every_command_whose_embedded_server_cannot_start_says_so_without_a_trac
     assert result.exit_code == 2, result.output
     assert isinstance(result.exception, SystemExit)
     assert "no PostgreSQL server binaries found (test)" in result.output
+
+
+@pytest.mark.parametrize("command", [["migrate"], ["report", "--format", "json"],
+                                     ["verify"], ["rebuild"]])
+def test_a_database_url_that_cannot_be_reached_is_a_message_not_a_traceback(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: list[str]) -> None:
+    from click.testing import CliRunner
+
+    from hookledger.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOOKLEDGER_DATABASE_URL",
+                       "postgresql://nobody:pw-not-shown@127.0.0.1:1/ledger")
+    result = CliRunner().invoke(main, command)
+    assert result.exit_code == 2, result.output
+    assert isinstance(result.exception, SystemExit)
+    assert "the database cannot be used" in result.output and "127.0.0.1" in result.output
+    assert "pw-not-shown" not in result.output and "Traceback" not in result.output
