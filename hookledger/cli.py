@@ -31,10 +31,10 @@ def _fail(message: str) -> NoReturn:
     sys.exit(2)
 
 
-def load_settings() -> Settings:
+def load_settings(**overrides: Any) -> Settings:
     """Settings, or an exit naming each bad key (never echoing a value: it may be a secret)."""
     try:
-        return Settings()
+        return Settings(**overrides)
     except ValidationError as exc:
         lines = []
         for error in exc.errors(include_input=False, include_url=False):

@@ -28,7 +28,6 @@ import psycopg
 from hookledger import logs, migrate
 from hookledger.app import create_app
 from hookledger.database import database
-from hookledger.settings import Settings
 from projections.projector import catch_up
 from reconcile.client import ReferenceClient
 from reconcile.report import build_report, load_rows, render_html
@@ -196,7 +195,9 @@ def _run(home: Path, seed: int) -> list[str]:
         "home": home, "database_url": None, "api_base_url": None, "api_key": None,
         "general_secrets": ",".join(f"{k}={v}" for k, v in GENERAL_SECRETS.items()),
         "chat_secrets": ",".join(f"{k}={v}" for k, v in CHAT_SECRETS.items())}
-    settings = Settings(**options)
+    from hookledger.cli import load_settings  # a bad variable: a message, no traceback
+
+    settings = load_settings(**options)
     with database(settings) as url:
         migrate.upgrade(url)
         with serve_asgi(create_app(settings, url), lifespan="on") as service_url:

@@ -189,3 +189,17 @@ def test_an_unknown_toml_key_is_named_as_the_files_not_as_a_variable(
     assert result.exit_code == 2, result.output
     assert f"hookledger.toml: unknown key '{key}'" in result.output
     assert "HOOKLEDGER_HOOKLEDGER" not in result.output and "HOOKLEDGER_PROT" not in result.output
+
+
+def test_a_bad_variable_stops_the_demo_with_a_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The demo built its settings itself and stopped with pydantic's traceback, which
+    quotes the bad value."""
+    from click.testing import CliRunner
+
+    from hookledger.cli import main
+
+    monkeypatch.setenv("HOOKLEDGER_PORT", "not-a-port")
+    result = CliRunner().invoke(main, ["demo"])
+    assert result.exit_code == 2, result.output
+    assert isinstance(result.exception, SystemExit)
+    assert "HOOKLEDGER_PORT" in result.output and "not-a-port" not in result.output
