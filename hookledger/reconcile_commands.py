@@ -85,8 +85,12 @@ def report_command(fmt: str, since: str | None, out: Path | None) -> None:
     if out is None:
         click.echo(text, nl=False)
     else:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text, encoding="utf-8")
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(text, encoding="utf-8")
+        except OSError as exc:  # a folder that cannot be made or written: no traceback
+            click.echo(f"hookledger: cannot write {out}: {exc.strerror or exc}", err=True)
+            sys.exit(2)
         click.echo(f"wrote {out}", err=True)
 
 

@@ -86,3 +86,15 @@ def test_a_person_resolves_a_malformed_delivery_once(
         ("resolved", "checked INV-M by hand")]
     assert rows(db_url, "SELECT source FROM hookledger.ledger "
                         "WHERE event_type = 'discrepancy.resolved'") == [("admin",)]
+
+
+def test_a_report_that_cannot_be_written_is_a_message_not_a_traceback(
+        db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOOKLEDGER_DATABASE_URL", db_url)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    result = CliRunner().invoke(main, ["report", "--format", "csv",
+                                       "--out", str(blocker / "r.csv")])
+    assert result.exit_code == 2, result.output
+    assert isinstance(result.exception, SystemExit)
+    assert f"cannot write {blocker / 'r.csv'}" in result.output
