@@ -179,9 +179,12 @@ def send(event: str, to: str, secret: str | None, endpoint: str, code: int | Non
         asyncio.run(once())
         status, text_answer = original[0][1].status, original[0][1].body
     else:
-        response = httpx.post(f"{base}/webhooks/general/{endpoint}", content=raw,
-                              headers=general_headers(secret or "whsec-sandbox", raw),
-                              timeout=timeout)
+        try:
+            response = httpx.post(f"{base}/webhooks/general/{endpoint}", content=raw,
+                                  headers=general_headers(secret or "whsec-sandbox", raw),
+                                  timeout=timeout)
+        except httpx.HTTPError as exc:  # hookledger not there: say so, no traceback
+            raise click.ClickException(f"could not deliver to {base}: {exc}") from exc
         status, text_answer = response.status_code, response.text
     click.echo(raw.decode("utf-8"), err=True)
     click.echo(f"{status} {text_answer}")

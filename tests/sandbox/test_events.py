@@ -120,3 +120,16 @@ def test_exact_json_round_trips_every_decimal_amount(amount: Decimal) -> None:
 def test_floats_are_refused_by_the_exact_encoder() -> None:
     with pytest.raises(TypeError):
         jsonenc.dumps({"amount": 1.5})
+
+
+@pytest.mark.parametrize("to", ["http://127.0.0.1:1", "not-a-url"])
+def test_send_to_a_receiver_that_is_not_there_says_so_without_a_traceback(to: str) -> None:
+    from click.testing import CliRunner
+
+    from hookledger.cli import main
+
+    result = CliRunner().invoke(main, ["sandbox", "send", "payment.confirmed", "--to", to,
+                                       "--secret", "s", "--timeout", "2"])
+    assert result.exit_code == 1, result.output
+    assert isinstance(result.exception, SystemExit)
+    assert f"could not deliver to {to}" in result.output
