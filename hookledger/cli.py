@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 import time
@@ -18,7 +19,7 @@ from pydantic_settings import SettingsError
 from hookledger import logs, migrate
 from hookledger.database import database, libpq_url
 from hookledger.embedded_postgres import EmbeddedPostgres, EmbeddedPostgresError
-from hookledger.settings import Settings
+from hookledger.settings import Settings, unknown_variables
 
 if TYPE_CHECKING:
     from projections.live import LiveProjector
@@ -32,7 +33,13 @@ def _fail(message: str) -> NoReturn:
 
 
 def load_settings(**overrides: Any) -> Settings:
-    """Settings, or an exit naming each bad key (never echoing a value: it may be a secret)."""
+    """Settings, or an exit naming each bad key (never echoing a value: it may be a secret)
+    or unknown variable."""
+    unknown = unknown_variables(os.environ, Settings.model_fields)
+    if unknown:
+        _fail("bad configuration:\n  " + "\n  ".join(
+            f"{name}: no such setting" + (f" (did you mean {meant}?)" if meant else "")
+            for name, meant in unknown))
     try:
         return Settings(**overrides)
     except ValidationError as exc:

@@ -7,6 +7,8 @@ value fails at start-up with the key's name (pydantic's error names it).
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlsplit
@@ -22,6 +24,10 @@ from pydantic_settings import (
 )
 
 MAX_GENERAL_WEBHOOKS = 3  # the provider allows up to three callback URLs
+PREFIX = "HOOKLEDGER_"
+# variables under the prefix that are no setting: the test suite's and the benchmarks' own,
+# and what ``serve`` hands its workers
+RESERVED_PREFIXES = ("HOOKLEDGER_TEST_", "HOOKLEDGER_BENCH_", "HOOKLEDGER_INTERNAL_")
 
 
 def parse_named_secrets(raw: str | dict[str, Any] | None) -> dict[str, SecretStr]:
@@ -260,3 +266,21 @@ class Settings(BaseSettings):
 
 def load_settings(**overrides: Any) -> Settings:
     return Settings(**overrides)
+
+
+def unknown_variables(environ: Mapping[str, str], fields: Iterable[str]
+                      ) -> list[tuple[str, str | None]]:
+    """Each ``HOOKLEDGER_*`` variable that is no setting, with the setting it most likely
+    meant (or None). The environment source ignores them, so a misspelt name
+    (``HOOKLEDGER_GENERAL_SECRET``) left ``serve`` running without the secrets: every
+    delivery answered 401, and the general system never sends one again."""
+    known = [PREFIX + name.upper() for name in fields]
+    found = []
+    for name in sorted(environ):
+        upper = name.upper()  # settings are read case-insensitively
+        if not upper.startswith(PREFIX) or upper in known or upper.startswith(
+                RESERVED_PREFIXES):
+            continue
+        close = difflib.get_close_matches(upper, known, n=1, cutoff=0.75)
+        found.append((name, close[0] if close else None))
+    return found

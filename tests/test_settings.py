@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from hookledger.settings import Settings, parse_named_secrets
+from hookledger.settings import Settings, parse_named_secrets, unknown_variables
 
 
 @pytest.fixture(autouse=True)
@@ -203,3 +203,30 @@ def test_a_bad_variable_stops_the_demo_with_a_message(monkeypatch: pytest.Monkey
     assert result.exit_code == 2, result.output
     assert isinstance(result.exception, SystemExit)
     assert "HOOKLEDGER_PORT" in result.output and "not-a-port" not in result.output
+
+
+def test_unknown_variables_are_named_with_the_setting_they_likely_meant() -> None:
+    environ = {"HOOKLEDGER_GENERAL_SECRET": "main=s3cret", "HOOKLEDGER_PORT": "8080",
+               "hookledger_log_levle": "info", "HOOKLEDGER_FROBNICATE": "1",
+               "HOOKLEDGER_TEST_DATABASE_URL": "x", "HOOKLEDGER_BENCH_RESULTS": "x",
+               "HOOKLEDGER_INTERNAL_SUPERVISOR_PID": "1", "PATH": "/bin"}
+    assert unknown_variables(environ, Settings.model_fields) == [
+        ("HOOKLEDGER_FROBNICATE", None),
+        ("HOOKLEDGER_GENERAL_SECRET", "HOOKLEDGER_GENERAL_SECRETS"),
+        ("hookledger_log_levle", "HOOKLEDGER_LOG_LEVEL")]
+
+
+def test_a_misspelt_variable_stops_a_command_rather_than_being_ignored(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``HOOKLEDGER_GENERAL_SECRET`` (no S) was ignored: ``serve`` ran without secrets and
+    answered every delivery 401, and the general system never sends one again."""
+    from click.testing import CliRunner
+
+    from hookledger.cli import main
+
+    monkeypatch.setenv("HOOKLEDGER_GENERAL_SECRET", "main=whsec-not-to-be-echoed")
+    result = CliRunner().invoke(main, ["db", "url"])
+    assert result.exit_code == 2, result.output
+    assert ("HOOKLEDGER_GENERAL_SECRET: no such setting "
+            "(did you mean HOOKLEDGER_GENERAL_SECRETS?)") in result.output
+    assert "whsec-not-to-be-echoed" not in result.output
