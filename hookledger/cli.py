@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
 from hookledger import logs, migrate
-from hookledger.database import database, libpq_url
+from hookledger.database import database, libpq_url, without_password
 from hookledger.embedded_postgres import EmbeddedPostgres, EmbeddedPostgresError
 from hookledger.settings import Settings, unknown_variables
 
@@ -92,6 +92,17 @@ def _ignore_signals() -> None:
         signal.signal(signum, lambda *_: None)
 
 
+def _configured_url() -> str | None:
+    """The database URL as configured, read without validating anything else."""
+    url = os.environ.get("HOOKLEDGER_DATABASE_URL")
+    if url is None:
+        with contextlib.suppress(OSError, tomllib.TOMLDecodeError):
+            with open("hookledger.toml", "rb") as handle:
+                value = tomllib.load(handle).get("database_url")
+            url = value if isinstance(value, str) else None
+    return url
+
+
 class _Commands(click.Group):
     """Every command's embedded server that cannot start, or database that cannot be
     reached, is a message and exit 2, never a traceback: ``reconcile``, ``report``,
@@ -108,9 +119,11 @@ class _Commands(click.Group):
             _fail(str(exc))
         except (psycopg.OperationalError, sqlalchemy.exc.OperationalError) as exc:
             # a server that is not there, a database or role that does not exist: every
-            # command once stopped with a page of traceback (libpq's words name no password)
+            # command once stopped with a page of traceback. libpq's words name no password
+            # unless the URL has an unescaped "@" in it: masked, as the URL's user means it
             cause = exc.orig if isinstance(exc, sqlalchemy.exc.OperationalError) else exc
-            reason = " ".join(str(cause).split()) or type(cause).__name__
+            reason = without_password(" ".join(str(cause).split()) or type(cause).__name__,
+                                      _configured_url())
             _fail(f"the database cannot be used (HOOKLEDGER_DATABASE_URL, else the embedded "
                   f"server): {reason}")
 

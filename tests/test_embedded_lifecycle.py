@@ -106,3 +106,22 @@ def test_a_database_url_that_cannot_be_reached_is_a_message_not_a_traceback(
     assert isinstance(result.exception, SystemExit)
     assert "the database cannot be used" in result.output and "127.0.0.1" in result.output
     assert "pw-not-shown" not in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("command", [["migrate"], ["reconcile"]])
+def test_a_password_with_an_unescaped_at_sign_is_not_shown_in_the_message(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: list[str]) -> None:
+    """libpq ends the password at its first "@" and names the rest as the host it could
+    not resolve: the one-line message showed that part of the password."""
+    from click.testing import CliRunner
+
+    from hookledger.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOOKLEDGER_DATABASE_URL",
+                       "postgresql://app:Tr0ub4dor@horse-staple@127.0.0.1:1/ledger")
+    monkeypatch.setenv("HOOKLEDGER_API_BASE_URL", "http://127.0.0.1:1")
+    result = CliRunner().invoke(main, command)
+    assert result.exit_code == 2, result.output
+    assert "the database cannot be used" in result.output
+    assert "Tr0ub4dor" not in result.output and "horse-staple" not in result.output
