@@ -52,7 +52,8 @@ def parse_named_secrets(raw: str | dict[str, Any] | None) -> dict[str, SecretStr
         if name in secrets:
             raise ValueError(f"name {name!r} is given twice")
         if not name.replace("-", "").replace("_", "").isalnum():
-            raise ValueError(f"name {name!r} may hold only letters, digits, '-' and '_'")
+            # not echoed: written the wrong way round (secret=name), the "name" is the secret
+            raise ValueError("a name may hold only letters, digits, '-' and '_' (name=secret)")
         secrets[name] = SecretStr(secret)
     return secrets
 

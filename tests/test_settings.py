@@ -49,6 +49,13 @@ def test_malformed_secret_lists_are_refused(raw: str) -> None:
         parse_named_secrets(raw)
 
 
+def test_a_pair_written_the_wrong_way_round_never_echoes_the_secret() -> None:
+    """``secret=name``: the "name" is the secret, and its refusal once quoted it."""
+    with pytest.raises(ValueError) as refused:
+        parse_named_secrets("whsec+9f/Q2==x=main")
+    assert "whsec" not in str(refused.value) and "9f/Q2" not in str(refused.value)
+
+
 def test_secrets_keep_equals_signs_and_never_print(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOOKLEDGER_CHAT_SECRETS", "1234567=abc=def")
     s = Settings()
