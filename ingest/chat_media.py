@@ -10,9 +10,10 @@ ledger event in stream ``chat-media:<media id>`` (source ``media``):
 * ``chat.media.fetched`` (dedupe ``media:fetched:<id>``): stored; done for good.
 * ``chat.media.failed`` (dedupe ``media:failed:<id>:<attempt>``): attempt N failed; attempt
   N+1 is due ``retry_base_s * 2**(N-1)`` (capped) after it. Only failures that say something
-  about the media (the API refused it, or it could not be stored) count toward giving up:
-  after ``max_attempts`` of those the media is given up. An API that gave no usable answer
-  (``retryable``: connection, timeout, 429, 5xx) said nothing about the media; counting it
+  about the media (the API refused it, or answered what is no media) count toward giving
+  up: after ``max_attempts`` of those the media is given up. An API that gave no usable
+  answer (``retryable``: connection, timeout, 429, 5xx), like a home that could not store
+  it (a full disk), said nothing about the media; counting it
   gave up every media message that arrived during half a minute of outage or rate limiting,
   and nothing ever fetched them again. Those attempts go on at the capped delay, up to
   :data:`OUTAGE_ATTEMPTS` more: about twelve hours at the 300 s cap (the provider's own
@@ -252,7 +253,9 @@ class MediaFetcher:
         except (ChatApiError, OSError) as exc:
             reason = exc.reason if isinstance(exc, ChatApiError) else "storage"
             detail = exc.detail if isinstance(exc, ChatApiError) else type(exc).__name__
-            retryable = isinstance(exc, ChatApiError) and exc.retryable
+            # our own disk failing (full, a broken folder) says nothing about the media:
+            # waited out as an outage is, not counted toward giving the media up
+            retryable = isinstance(exc, OSError) or exc.retryable
             final = given_up(row.failures + 1, row.refusals + (0 if retryable else 1),
                              self._max_attempts)
             await self._ledger.append([failed_event(row, reason, detail, self._clock(),

@@ -105,6 +105,25 @@ def test_an_api_unavailable_for_longer_than_the_bound_still_gets_the_media_fetch
     assert (tmp_path / stored["path"]).read_bytes() == media_bytes("media-vid-9")
 
 
+def test_a_home_that_cannot_take_the_media_for_a_while_never_gives_it_up(
+        service: str, sandbox: Sandbox, db_url: str, tmp_path: Path) -> None:
+    """A full disk or a broken media folder says nothing about the media: such failures are
+    waited out as an outage is, where they once gave every media up after a few seconds."""
+    media = tmp_path / "media"
+    if media.is_dir():
+        media.rmdir()
+    media.write_bytes(b"")  # a file where the folder belongs: every store fails
+    sandbox.state.issue_media("media-img-7", "image")
+    deliver_image(sandbox, "media-img-7", "wamid.M7", "d-7")
+    wait_for(lambda: len(media_events(db_url)) > MAX_ATTEMPTS)
+    failed = [p for _, _, p in media_events(db_url)]
+    assert {p["reason"] for p in failed} == {"storage"}
+    assert not any(p["final"] for p in failed)
+    media.unlink()
+    [stored] = wait_for(lambda: fetched(db_url))
+    assert (tmp_path / stored["path"]).read_bytes() == media_bytes("media-img-7")
+
+
 def test_permanent_failures_stop_after_the_bound(
         service: str, sandbox: Sandbox, db_url: str) -> None:
     deliver_image(sandbox, "media-never-issued", "wamid.M3", "d-3")  # the API answers 404
