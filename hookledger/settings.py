@@ -209,6 +209,15 @@ class Settings(BaseSettings):
                              "(0.0.0.0 for every interface)")
         return value
 
+    @field_validator("home", mode="before")
+    @classmethod
+    def _home(cls, value: Any) -> Any:
+        """A blank home (``HOOKLEDGER_HOME=`` in an env file) was the working directory: the
+        embedded cluster, the spool and the media went wherever the command ran."""
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("must name a folder (the default is ./.hookledger)")
+        return value
+
     @field_validator("provider_timezone")
     @classmethod
     def _zone(cls, value: str) -> str:

@@ -182,6 +182,14 @@ def test_a_blank_host_is_refused_rather_than_listening_on_every_interface(
         Settings()
 
 
+@pytest.mark.parametrize("blank", ["", "  "])
+def test_a_blank_home_is_refused_rather_than_taken_as_the_working_directory(
+        monkeypatch: pytest.MonkeyPatch, blank: str) -> None:
+    monkeypatch.setenv("HOOKLEDGER_HOME", blank)
+    with pytest.raises(ValidationError, match="home"):
+        Settings()
+
+
 @pytest.mark.parametrize("key", ["HOOKLEDGER_PORT", "prot"])
 def test_an_unknown_toml_key_is_named_as_the_files_not_as_a_variable(
         tmp_path: Path, key: str) -> None:
