@@ -151,7 +151,10 @@ def store_secret(phone_number_id: str, from_file: Path | None) -> None:
     _check_id(phone_number_id)
     settings = _settings()
     if from_file is not None:
-        secret = from_file.read_text(encoding="utf-8").strip()
+        try:
+            secret = from_file.read_text(encoding="utf-8").strip()
+        except (UnicodeDecodeError, OSError) as exc:  # its message quotes no secret
+            _fail(f"cannot read {from_file}: {exc}; nothing changed")
     else:
         secret = click.prompt("secret", hide_input=True).strip()
 

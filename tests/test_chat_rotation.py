@@ -204,6 +204,19 @@ def test_admin_storing_failure_rescues_the_secret_to_a_private_file(
                                delivery_id="rescued").status_code == 200, timeout_s=5)
 
 
+def test_store_secret_from_a_file_that_is_not_text_is_a_message_not_a_traceback(
+        tmp_path: Path) -> None:
+    """Such a file once stopped the command with a UnicodeDecodeError traceback."""
+    binary = tmp_path / "secret.bin"
+    binary.write_bytes(b"\xffsecret-bytes\xfe")
+    result = CliRunner().invoke(main, ["chat", "store-secret", PHONE, "--from-file",
+                                       str(binary)], env={"HOOKLEDGER_HOME": str(tmp_path)})
+    assert result.exit_code == 1, result.output
+    assert isinstance(result.exception, SystemExit)
+    assert "cannot read" in result.output and "nothing changed" in result.output
+    assert "secret-bytes" not in result.output
+
+
 def test_wrong_api_key_is_a_clear_error_without_the_key_or_a_secret(
         sandbox: Sandbox, db_url: str, tmp_path: Path) -> None:
     wrong = "wrong-api-key-d00d5eed"
