@@ -1,8 +1,9 @@
 """One reconciliation pass: settle, pick what is due, ask the provider, record findings.
 
-A pass holds a PostgreSQL advisory lock (``pg_try_advisory_lock`` on its own connection)
-for its whole length, so that across every ``serve`` process and ``hookledger reconcile``
-at most one pass runs at a time per database: a second one returns at once, skipped. Work
+A pass holds a PostgreSQL advisory lock (``pg_try_advisory_lock`` on the connection it
+works on) for its whole length, so that across every ``serve`` process and ``hookledger
+reconcile`` at most one pass runs at a time per database: a second one returns at once,
+skipped. A session the server ends takes the lock and the pass with it. Work
 is taken in chunks; each chunk's results commit in one transaction together with the
 ``reconcile_subjects`` bookkeeping, so an interrupted pass resumes where it stopped and no
 subject is asked twice in one pass. ``max_subjects`` and ``rate_per_s`` pace a backlog.
@@ -150,19 +151,17 @@ class Reconciler:
     async def run_pass(self, *, now: datetime | None = None) -> PassResult:
         result = PassResult(pass_id=uuid.uuid4().hex[:12])
         started = time.perf_counter()
-        async with await psycopg.AsyncConnection.connect(self._url, autocommit=True) as lock:
-            cur = await lock.execute("SELECT pg_try_advisory_lock(%s)", (RECONCILE_LOCK_KEY,))
+        # the lock is held by the session the pass works in, and released when it closes:
+        # held by a session of its own, idle all along, it went when the server ended that
+        # one (idle_session_timeout, a proxy), and the pass went on beside the next
+        async with await psycopg.AsyncConnection.connect(self._url, autocommit=True) as conn:
+            cur = await conn.execute("SELECT pg_try_advisory_lock(%s)", (RECONCILE_LOCK_KEY,))
             row = await cur.fetchone()
             if not (row and row[0]):
                 result.skipped = True
                 return result
-            try:
-                async with await psycopg.AsyncConnection.connect(
-                        self._url, autocommit=True) as conn:
-                    await self._pass(conn, result, now)
-                    await self._observe(conn)
-            finally:
-                await lock.execute("SELECT pg_advisory_unlock(%s)", (RECONCILE_LOCK_KEY,))
+            await self._pass(conn, result, now)
+            await self._observe(conn)
         result.seconds = time.perf_counter() - started
         log.info("reconcile.pass", pass_id=result.pass_id, checked=result.checked,
                  detected=len(result.detected), resolved=len(result.resolved),

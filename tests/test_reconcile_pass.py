@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -579,3 +581,44 @@ def test_an_answer_the_database_still_refuses_fails_its_subject_not_the_pass(
         again = reconcile(db_url, api.url)
     assert again.recovered == ["LOST-1"]
     assert discrepancies(db_url) == [("missing_webhook", "collection", "LOST-1", Decimal(10))]
+
+
+def test_a_pass_that_lost_its_lock_never_runs_beside_another(db_url: str) -> None:
+    """The pass held its advisory lock on a connection of its own, idle for the whole pass:
+    when the server ended that session (``idle_session_timeout``, an administrator, a
+    proxy dropping an idle connection), the lock went with it while the pass went on, on
+    its other connection, and the next pass asked about the same subjects beside it: each
+    lost webhook was reported twice (and the first pass failed at its very end)."""
+    state = CountingState()
+    references = [f"LK-{i}" for i in range(20)]
+    for reference in references:
+        state.record_general(body("payment.confirmed", 91000, reference=reference, amount=10))
+        expect(db_url, reference, "collection", 10)
+    failed: list[BaseException] = []
+
+    def first(api_url: str) -> None:
+        try:
+            reconcile(db_url, api_url, concurrency=1)
+        except Exception as exc:  # noqa: BLE001 - its session was ended under it
+            failed.append(exc)
+
+    with running_sandbox(state=state, faults=FaultSettings(latency_ms=100)) as api:
+        thread = threading.Thread(target=first, args=(api.url,))
+        thread.start()
+        deadline = time.monotonic() + 30
+        while len(state.asked) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        ended = rows(db_url, "SELECT pg_terminate_backend(pid, 10000) FROM pg_locks "
+                             "WHERE locktype = 'advisory' AND granted AND objsubid = 1 "
+                             "AND database = (SELECT oid FROM pg_database "
+                             "WHERE datname = current_database()) "
+                             "AND classid::bigint = %s AND objid::bigint = %s",
+                     runner.RECONCILE_LOCK_KEY >> 32, runner.RECONCILE_LOCK_KEY & 0xFFFFFFFF)
+        assert ended == [(True,)]
+        second = reconcile(db_url, api.url, concurrency=4)
+        thread.join(timeout=60)
+    assert not second.skipped and second.checked == 20
+    assert rows(db_url, "SELECT count(*), count(DISTINCT reference) FROM "
+                        "hookledger.discrepancies") == [(20, 20)]
+    assert rows(db_url, "SELECT count(*) FROM hookledger.ledger "
+                        "WHERE event_type = 'reconcile.checked'") == [(20,)]
