@@ -2,7 +2,9 @@
 
 Every lookup ends in a :class:`Lookup` (found, not found, or an error with its reason); it
 never raises for what the network or the provider does, so one bad answer cannot stop a
-pass. Explicit timeouts; retries with exponential backoff and full jitter on timeouts,
+pass. Explicit timeouts, for each read and for a whole request (an answer trickled in a
+byte at a time, each read within the read timeout, would otherwise hold a pass, and its
+lock, for as long as it lasts); retries with exponential backoff and full jitter on timeouts,
 connection errors, 5xx, 429 (honouring ``Retry-After``, capped) and malformed envelopes;
 at most ``concurrency`` requests in flight. A 429 pauses the whole client, not only the
 lookup it answered: the provider limits the caller, and lookups that went on asking
@@ -127,6 +129,7 @@ class ReferenceClient:
             limits=httpx.Limits(max_connections=concurrency,
                                 max_keepalive_connections=concurrency))
         self._semaphore = asyncio.Semaphore(concurrency)
+        self._deadline_s = connect_timeout_s + timeout_s  # a whole request, body included
         self._max_attempts = max(1, max_attempts)
         self._base_s, self._cap_s = backoff_base_s, backoff_cap_s
         self._mapping = mapping or RecordMapping.create()
@@ -191,8 +194,9 @@ class ReferenceClient:
         path = REFERENCE_PATH.format(reference=quote(reference, safe=""))
         self.requests += 1
         try:
-            answer = await self._http.get(path)
-        except httpx.TimeoutException as exc:
+            async with asyncio.timeout(self._deadline_s):  # httpx's bound each read only
+                answer = await self._http.get(path)
+        except (httpx.TimeoutException, TimeoutError) as exc:
             raise _Retryable("timeout", f"no answer in time ({type(exc).__name__})") from exc
         except httpx.TransportError as exc:
             raise _Retryable("unreachable", f"transport error ({type(exc).__name__})") from exc

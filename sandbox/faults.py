@@ -4,6 +4,8 @@ Each switch does one thing, to ``/api/v1/*`` answers only (``/_sandbox/*`` is ne
 faulted, so tests can always turn faults off):
 
 * ``latency_ms``: every answer waits this long first;
+* ``trickle_ms``: every answer's body is sent one byte at a time, this many ms apart (each
+  read well within a client's timeout, the whole answer far past it);
 * ``error_count`` / ``error_rate``: answer ``error_status`` (a 5xx) with an error envelope;
 * ``rate_limit_count`` / ``rate_limit_rate``: answer 429 with ``Retry-After: retry_after_s``;
 * ``timeout_count`` / ``timeout_rate``: hang ``hang_s`` seconds (longer than a client
@@ -32,6 +34,7 @@ ACTIONS: tuple[Action, ...] = ("timeout", "error", "rate_limit", "malformed")
 @dataclass(frozen=True, slots=True)
 class FaultSettings:
     latency_ms: int = 0
+    trickle_ms: int = 0
     error_count: int = 0
     error_rate: float = 0.0
     error_status: int = 503

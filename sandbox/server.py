@@ -33,13 +33,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from decimal import Decimal
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from sandbox import jsonenc
@@ -61,10 +61,28 @@ def not_found(what: str) -> Response:
     return envelope(False, 1404, f"{what} not found", status=404)
 
 
+def _trickled(answer: Response, pause_s: float) -> Response:
+    """The same answer, its body sent one byte at a time, ``pause_s`` apart."""
+    content = bytes(answer.body)
+
+    async def bytewise() -> AsyncIterator[bytes]:
+        for index in range(len(content)):
+            await asyncio.sleep(pause_s)
+            yield content[index:index + 1]
+
+    headers = {k: v for k, v in answer.headers.items() if k.lower() != "content-length"}
+    return StreamingResponse(bytewise(), status_code=answer.status_code, headers=headers)
+
+
 def _faulty(faults: Faults, handler: Handler) -> Handler:
     """Apply the fault switches in front of an API handler."""
 
     async def wrapped(request: Request) -> Response:
+        answer = await faulted(request)
+        trickle_ms = faults.settings.trickle_ms
+        return _trickled(answer, trickle_ms / 1000) if trickle_ms else answer
+
+    async def faulted(request: Request) -> Response:
         decision = faults.next()
         settings = faults.settings
         if decision.latency_ms:

@@ -61,3 +61,24 @@ def test_a_429_pauses_every_lookup_for_its_retry_after_not_only_its_own(
     within_the_pause = [t for t in state.times if t - started < 0.9]
     assert len(within_the_pause) <= 2 * concurrency
     assert len(state.times) == len(references) - (max_attempts == 1)
+
+
+def test_an_answer_trickled_in_byte_by_byte_is_given_up_on_at_the_timeout() -> None:
+    """httpx's timeouts are per read: an answer whose bytes kept coming, each within the
+    timeout, was waited for however long it took (here about a minute; an endless one, for
+    ever), and the pass waiting on it held every process's reconciliation lock meanwhile."""
+    state = CountingState()
+    state.record_general(body("payment.confirmed", 91000, reference="DRIP-1", amount=100))
+
+    async def look_up(url: str) -> tuple[float, Lookup]:
+        async with ReferenceClient(url, API_KEY, timeout_s=0.5, connect_timeout_s=0.5,
+                                   max_attempts=2, backoff_base_s=0.01, backoff_cap_s=0.05,
+                                   seed=1) as client:
+            started = time.monotonic()
+            lookup = await asyncio.wait_for(client.lookup("DRIP-1"), 20)
+            return time.monotonic() - started, lookup
+
+    with running_sandbox(state=state, faults=FaultSettings(trickle_ms=100)) as api:
+        elapsed, lookup = asyncio.run(look_up(api.url))
+    assert (lookup.kind, lookup.error, lookup.attempts) == ("error", "timeout", 2), lookup
+    assert elapsed < 5

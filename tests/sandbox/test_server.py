@@ -173,6 +173,16 @@ def test_latency_switch_delays_every_answer(sandbox: Sandbox) -> None:
     assert time.monotonic() - started < 0.3
 
 
+def test_trickle_switch_sends_each_answer_a_byte_at_a_time(sandbox: Sandbox) -> None:
+    sandbox.faults.set(trickle_ms=10)
+    started = time.monotonic()
+    answer = get(f"{sandbox.url}/api/v1/payment/reference/X")
+    assert answer.status_code == 404 and answer.json()["code"] == 1404
+    assert time.monotonic() - started >= 0.01 * len(answer.content)
+    sandbox.faults.set(trickle_ms=10, error_count=1)
+    assert get(f"{sandbox.url}/api/v1/payment/reference/X").json()["code"] == 50003
+
+
 def test_error_count_switch_answers_exactly_that_many_5xx(sandbox: Sandbox) -> None:
     sandbox.faults.set(error_count=2, error_status=502)
     statuses = [get(f"{sandbox.url}/api/v1/payment/reference/X").status_code
