@@ -19,7 +19,7 @@ from hookledger import migrate
 from hookledger.database import database
 from hookledger.settings import Settings
 from reconcile.errors import ReconcileError
-from reconcile.report import FORMATS, render, report_for
+from reconcile.report import FORMATS, render, replace_atomically, report_for
 
 SKIPPED_EXIT = 3  # `reconcile` found another pass running and checked nothing
 
@@ -87,7 +87,10 @@ def report_command(fmt: str, since: str | None, out: Path | None) -> None:
     else:
         try:
             out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(text, encoding="utf-8")
+            if out.exists() and not out.is_file():  # a device or a pipe: written as it comes
+                out.write_text(text, encoding="utf-8")
+            else:  # a disk that fills up mid-write leaves the previous report whole
+                replace_atomically(out.resolve(), text.encode("utf-8"))
         except OSError as exc:  # a folder that cannot be made or written: no traceback
             click.echo(f"hookledger: cannot write {out}: {exc.strerror or exc}", err=True)
             sys.exit(2)

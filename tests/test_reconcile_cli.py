@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import resource
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -98,3 +103,27 @@ def test_a_report_that_cannot_be_written_is_a_message_not_a_traceback(
     assert result.exit_code == 2, result.output
     assert isinstance(result.exception, SystemExit)
     assert f"cannot write {blocker / 'r.csv'}" in result.output
+
+
+def test_a_report_the_disk_cannot_hold_leaves_the_previous_one_whole(
+        db_url: str, tmp_path: Path) -> None:
+    """``--out`` wrote in place: a disk that filled up mid-write (here a file size limit,
+    which fails a write the same way) left a truncated report under the name, and the
+    previous report was gone."""
+    out = tmp_path / "report.html"
+    out.write_text("<p>the previous report</p>")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKLEDGER_")}
+    env.update(HOOKLEDGER_DATABASE_URL=db_url, HOOKLEDGER_HOME=str(tmp_path / "home"))
+
+    def small_disk() -> None:  # in the child: a write past 1 KiB fails (EFBIG), no signal
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE,
+                           (1024, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+    done = subprocess.run([sys.executable, "-m", "hookledger", "report", "--format", "html",
+                           "--out", str(out)], env=env, capture_output=True, text=True,
+                          preexec_fn=small_disk, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert f"cannot write {out}" in done.stderr
+    assert out.read_text() == "<p>the previous report</p>"
+    assert not list(tmp_path.glob(".*.tmp"))  # no temporary left behind
