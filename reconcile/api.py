@@ -31,7 +31,7 @@ async def post_expectation(request: Request) -> Response:
     try:
         data = json.loads(raw, parse_float=Decimal)
         expectation = parse_expectation(data, now=datetime.now(UTC))
-    except ValueError:
+    except (ValueError, RecursionError):  # (nested past what the JSON reader goes)
         return _error(400, "bad_request", "the body is not JSON")
     except ExpectationInvalid as exc:
         return _error(400, "bad_request", str(exc))

@@ -50,6 +50,15 @@ def test_the_expectations_api_authenticates_validates_and_is_idempotent(db_url: 
             ("E-1", "collection", "1500.50", False)]
 
 
+def test_a_body_nested_past_the_json_reader_is_a_bad_request(db_url: str) -> None:
+    """Nested deeper than the JSON reader goes, a body raised RecursionError, which is no
+    ValueError: the answer was a 500 with a traceback in the log, not a 400."""
+    with running_service(db_url, admin_token=TOKEN) as base:
+        answer = httpx.post(f"{base}/api/expectations", content=b"[" * 5000,
+                            headers={"Authorization": f"Bearer {TOKEN}"})
+    assert answer.status_code == 400 and answer.json()["error"] == "bad_request"
+
+
 def test_the_sql_function_registers_refuses_conflicts_and_bad_values(db_url: str) -> None:
     with psycopg.connect(db_url, autocommit=True) as conn:
         assert conn.execute("SELECT hookledger.expect('S-1', 'payout', 250)").fetchone() == (
