@@ -164,7 +164,12 @@ def create_app(settings: Settings, database_url: str, *,
                 from reconcile.metrics import ReconcileMetrics
                 from reconcile.runner import Reconciler
                 from reconcile.scheduler import ReconcileScheduler
-                from reconcile.wiring import client_from, config_from, report_windows
+                from reconcile.wiring import (
+                    client_from,
+                    config_from,
+                    report_keep,
+                    report_windows,
+                )
 
                 reconcile_metrics = ReconcileMetrics.create(metrics.registry)
                 client = client_from(settings)
@@ -173,18 +178,18 @@ def create_app(settings: Settings, database_url: str, *,
                     client, interval_s=settings.reconcile_interval_s,
                     database_url=database_url, reports_dir=settings.home / "reports",
                     report_interval_s=settings.report_interval_s, metrics=reconcile_metrics,
-                    report_windows=report_windows(settings))
+                    report_windows=report_windows(settings), report_keep=report_keep(settings))
                 app.state.reconciler.start()
                 stack.push_async_callback(app.state.reconciler.shutdown)
             elif settings.report_interval_s > 0:  # no API: reports of what the projector finds
                 from reconcile.scheduler import ReconcileScheduler
-                from reconcile.wiring import report_windows
+                from reconcile.wiring import report_keep, report_windows
 
                 app.state.reports = ReconcileScheduler(
                     None, None, interval_s=settings.reconcile_interval_s,
                     database_url=database_url, reports_dir=settings.home / "reports",
                     report_interval_s=settings.report_interval_s,
-                    report_windows=report_windows(settings))
+                    report_windows=report_windows(settings), report_keep=report_keep(settings))
                 app.state.reports.start()
                 stack.push_async_callback(app.state.reports.shutdown)
             log.info("service.started", general_webhooks=sorted(settings.general_secrets),

@@ -387,13 +387,19 @@ async def report_for(url: str, *, since: datetime | None = None,
                         since=since, windows=windows)
 
 
+STAMP_FORMAT = "%Y%m%dT%H%M%SZ"
+
+
 async def write_scheduled_report(url: str, directory: Path,
-                                 windows: Windows | None = None) -> list[Path]:
-    """Every format, stamped, plus ``latest.*`` copies, under ``directory``."""
+                                 windows: Windows | None = None, *,
+                                 keep: timedelta | None = None) -> list[Path]:
+    """Every format, stamped, plus ``latest.*`` copies, under ``directory``; then the
+    stamped reports older than ``keep`` (None: all kept) are removed."""
     report = await report_for(url, windows=windows)
     directory.mkdir(parents=True, exist_ok=True)
     _remove_abandoned(directory)
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    now = datetime.now(UTC)
+    stamp = now.strftime(STAMP_FORMAT)
     written = []
     for fmt in FORMATS:
         text = render(report, fmt)
@@ -401,7 +407,30 @@ async def write_scheduled_report(url: str, directory: Path,
             path = directory / name
             replace_atomically(path, text.encode("utf-8"))
             written.append(path)
+    if keep is not None:
+        for name in expired_reports([p.name for p in directory.iterdir()], now, keep):
+            with contextlib.suppress(FileNotFoundError):  # another worker's prune
+                (directory / name).unlink()
     return written
+
+
+def expired_reports(names: Sequence[str], now: datetime, keep: timedelta) -> list[str]:
+    """The stamped reports among ``names`` written more than ``keep`` before ``now``, by the
+    time in their names. Every format of every interval was kept for ever: four files an
+    hour, on the disk the spool and the embedded database need. ``latest.*`` and anything
+    not named as a stamped report are never expired."""
+    expired = []
+    for name in names:
+        stem, dot, fmt = name.partition(".")
+        if not stem.startswith("discrepancies-") or not dot or fmt not in FORMATS:
+            continue
+        try:
+            written = datetime.strptime(stem.removeprefix("discrepancies-"), STAMP_FORMAT)
+        except ValueError:
+            continue
+        if written.replace(tzinfo=UTC) < now - keep:
+            expired.append(name)
+    return sorted(expired)
 
 
 def _remove_abandoned(directory: Path, older_than_s: float = 3600) -> None:

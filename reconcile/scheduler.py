@@ -32,8 +32,10 @@ class ReconcileScheduler:
     def __init__(self, reconciler: Reconciler | None, client: ReferenceClient | None, *,
                  interval_s: float, database_url: str, reports_dir: Path | None = None,
                  report_interval_s: float = 0, metrics: ReconcileMetrics | None = None,
-                 report_windows: Windows | None = None) -> None:
+                 report_windows: Windows | None = None,
+                 report_keep: timedelta | None = None) -> None:
         self._reconciler = reconciler
+        self._report_keep = report_keep
         self._windows = report_windows
         self._client = client
         self._metrics = metrics
@@ -78,7 +80,8 @@ class ReconcileScheduler:
     async def report_once(self) -> Any:
         assert self._reports_dir is not None
         try:
-            return await write_scheduled_report(self._url, self._reports_dir, self._windows)
+            return await write_scheduled_report(self._url, self._reports_dir, self._windows,
+                                                keep=self._report_keep)
         except Exception as exc:  # noqa: BLE001
             log.error("reconcile.report_failed", error=type(exc).__name__)
             return None

@@ -40,3 +40,8 @@ def report_windows(settings: Any) -> Windows:
     """The windows a report's advice names, as reconciliation judges them."""
     return Windows(collection=timedelta(seconds=settings.resolution_window_s),
                    payout=timedelta(seconds=settings.reconcile_payout_window_s))
+
+
+def report_keep(settings: Any) -> timedelta | None:
+    """How long scheduled reports are kept (``HOOKLEDGER_REPORT_KEEP_S``; 0: for ever)."""
+    return timedelta(seconds=settings.report_keep_s) if settings.report_keep_s else None

@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from hookledger.cli import main
-from reconcile.report import Row, Windows, build_report, render, report_for
+from reconcile.report import Row, Windows, build_report, expired_reports, render, report_for
 from sandbox.faults import FaultSettings
 from sandbox.runner import running_sandbox
 from tests.reconcile_helpers import (
@@ -207,3 +207,37 @@ def test_scheduled_reports_name_the_configured_payout_window(db_url: str,
     asyncio.run(write())
     (only,) = json.loads((tmp_path / "latest.json").read_text())["open"]
     assert "2 h payout window" in only["action"] and "collection" not in only["action"]
+
+
+def test_only_stamped_reports_past_the_keep_time_expire() -> None:
+    now = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
+    names = ["discrepancies-20261026T115959Z.html", "discrepancies-20261026T120001Z.csv",
+             "discrepancies-20261101T000000Z.json", "latest.html", "notes.txt",
+             "discrepancies-20200101T000000Z.pdf", "discrepancies-garbled.md",
+             ".discrepancies-20200101T000000Z.md.abc.tmp"]
+    assert expired_reports(names, now, timedelta(days=30)) == [
+        "discrepancies-20261026T115959Z.html"]
+
+
+def test_scheduled_reports_older_than_the_keep_time_are_removed(db_url: str,
+                                                               tmp_path: Path) -> None:
+    """Every format of every interval was kept for ever (four files an hour), on the disk
+    the spool and the embedded database need."""
+    from reconcile.scheduler import ReconcileScheduler
+
+    old = tmp_path / "discrepancies-20200101T000000Z.html"
+    mine = tmp_path / "notes.txt"
+    old.write_text("old")
+    mine.write_text("a person's own file")
+
+    async def write(keep: timedelta | None) -> list[Path]:
+        reports = ReconcileScheduler(None, None, interval_s=60, database_url=db_url,
+                                     reports_dir=tmp_path, report_interval_s=3600,
+                                     report_keep=keep)
+        return list(await reports.report_once())
+
+    asyncio.run(write(None))  # 0: kept for ever
+    assert old.exists()
+    written = asyncio.run(write(timedelta(days=30)))
+    assert not old.exists() and mine.exists()
+    assert all(path.exists() for path in written) and len(written) == 8
