@@ -33,6 +33,10 @@ from reconcile.records import ProviderRecord, RecordMapping
 LookupKind = Literal["found", "not_found", "error"]
 REFERENCE_PATH = "/api/v1/payment/reference/{reference}"
 MAX_RETRY_AFTER_S = 30.0
+# a payment's record is a few hundred bytes; an answer past this (decoded) is read no
+# further: read whole, a huge or endless answer (or a gzip bomb) held a pass's memory, with
+# up to ``concurrency`` of them at once, inside ``serve``
+MAX_ANSWER_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +190,18 @@ class ReferenceClient:
         if paused:
             await asyncio.sleep(self._rng.uniform(0.0, RESUME_SPREAD_S))
 
+    async def _get(self, path: str) -> tuple[httpx.Response, bytes]:
+        """The answer and its body, read no further than :data:`MAX_ANSWER_BYTES`."""
+        async with self._http.stream("GET", path) as answer:
+            content = bytearray()
+            async for chunk in answer.aiter_bytes():
+                content += chunk
+                if len(content) > MAX_ANSWER_BYTES:
+                    raise _Retryable("too_large",
+                                     f"HTTP {answer.status_code}: an answer over "
+                                     f"{MAX_ANSWER_BYTES} bytes")
+        return answer, bytes(content)
+
     def _finish(self, lookup: Lookup, attempt: int, started: float) -> Lookup:
         return Lookup(lookup.reference, lookup.kind, lookup.record, lookup.error,
                       lookup.detail, lookup.api_code, attempt, time.perf_counter() - started)
@@ -195,7 +211,7 @@ class ReferenceClient:
         self.requests += 1
         try:
             async with asyncio.timeout(self._deadline_s):  # httpx's bound each read only
-                answer = await self._http.get(path)
+                answer, content = await self._get(path)
         except (httpx.TimeoutException, TimeoutError) as exc:
             raise _Retryable("timeout", f"no answer in time ({type(exc).__name__})") from exc
         except httpx.TransportError as exc:
@@ -209,7 +225,7 @@ class ReferenceClient:
         if status >= 500:
             raise _Retryable("server_error", f"HTTP {status}")
         try:
-            envelope = parse_envelope(answer.content)
+            envelope = parse_envelope(content)
         except MalformedEnvelope as exc:
             # a 404 without the API's envelope is a wrong base URL or a proxy, not the
             # provider saying it has no such payment: "unknown at the provider" would tell

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from reconcile.client import Lookup, ReferenceClient
+from reconcile.client import MAX_ANSWER_BYTES, Lookup, ReferenceClient
 from sandbox.faults import FaultSettings
 from sandbox.runner import running_sandbox
 from tests.reconcile_helpers import API_KEY, CountingState, body
@@ -61,6 +61,26 @@ def test_a_429_pauses_every_lookup_for_its_retry_after_not_only_its_own(
     within_the_pause = [t for t in state.times if t - started < 0.9]
     assert len(within_the_pause) <= 2 * concurrency
     assert len(state.times) == len(references) - (max_attempts == 1)
+
+
+def test_an_answer_past_the_size_bound_is_read_no_further() -> None:
+    """A payment's record is a few hundred bytes. A huge answer was read whole into memory,
+    several at once inside ``serve``; past the bound it is now an error, asked again later."""
+    state = CountingState()
+    state.record_general(body("payment.confirmed", 91000, reference="HUGE-1", amount=100))
+    huge = state.record("HUGE-1")
+    assert huge is not None
+    state.put_record("HUGE-1", {**huge, "note": "x" * (MAX_ANSWER_BYTES + 1)})
+    state.record_general(body("payment.confirmed", 91000, reference="FINE-1", amount=100))
+
+    async def look_up(url: str) -> list[Lookup]:
+        async with ReferenceClient(url, API_KEY, max_attempts=1, seed=1) as client:
+            return [await client.lookup(ref) for ref in ("HUGE-1", "FINE-1")]
+
+    with running_sandbox(state=state) as api:
+        big, fine = asyncio.run(look_up(api.url))
+    assert (big.kind, big.error) == ("error", "too_large"), big
+    assert fine.kind == "found" and fine.record is not None
 
 
 def test_an_answer_trickled_in_byte_by_byte_is_given_up_on_at_the_timeout() -> None:
