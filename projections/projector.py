@@ -14,6 +14,7 @@ ledger's append lock until commit: appending last keeps ingest waiting as little
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -77,8 +78,30 @@ async def connect(url: str, *, application_name: str | None = None) -> Connectio
 def use_fast_json(conn: Connection) -> None:
     """orjson for this connection's jsonb: safe here because facts and projection
     bookkeeping carry money as text, never as JSON numbers (orjson reads those as floats)."""
-    set_json_loads(orjson.loads, context=conn)
-    set_json_dumps(orjson.dumps, context=conn)
+    set_json_loads(json_loads, context=conn)
+    set_json_dumps(json_dumps, context=conn)
+
+
+def json_loads(data: bytes | bytearray | memoryview | str) -> Any:
+    """orjson, or the standard library for the jsonb orjson will not read: a number past a
+    double's range, such as a provider's code that reconciliation keeps as given (jsonb
+    holds it exactly). One such number in any event's facts failed the read of every
+    batch from then on, stopping every projection; the standard library reads it exactly,
+    as it does on connections without :func:`use_fast_json`."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(bytes(data) if isinstance(data, memoryview) else data)
+
+
+def json_dumps(value: Any) -> bytes:
+    """orjson, or the standard library for what orjson will not write: an integer past 64
+    bits (such a code, read from an event's facts into a discrepancy's). Raised inside a
+    COPY, it failed that batch every time it was retried."""
+    try:
+        return orjson.dumps(value)
+    except TypeError:  # orjson.JSONEncodeError is a TypeError
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
 async def load_rows(conn: Connection, schema: str, projection: Projection,

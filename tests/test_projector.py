@@ -552,3 +552,59 @@ def test_running_out_of_memory_while_folding_is_not_taken_for_a_bad_event() -> N
     event = stored(new_event("payment.confirmed", 91000, reference="M"))
     with pytest.raises(MemoryError):
         fold_touched(dataclasses.replace(payments, fold=starved), [("M", event)], {})
+
+
+def _provider_verdict_events(reference: str, code: int) -> list[NewEvent]:
+    """What a reconciliation pass appends for a provider record carrying ``code``: the
+    check itself (the record and the envelope's code, kept as given) and the mismatch."""
+    from datetime import UTC, datetime, timedelta
+    from decimal import Decimal
+
+    from reconcile.checks import Local, decide
+    from reconcile.client import Lookup
+    from reconcile.findings import checked_event, detected_event
+    from reconcile.records import ProviderRecord
+
+    now = datetime.now(UTC)
+    record = ProviderRecord(reference=reference, status="FAILED", amount=Decimal(100),
+                            event="payment.failed", code=code, transaction_id=None,
+                            customer_reference=None, service=None, timestamp=None)
+    lookup = Lookup(reference, "found", record=record, api_code=code)
+    local = Local("collection", reference, outcome="success", status="SUCCESSFUL",
+                  amount=Decimal(100), since=now - timedelta(hours=1))
+    verdict = decide(local, lookup, now=now, window=timedelta(seconds=90))
+    assert [d.kind for d in verdict.detect] == ["status_mismatch"]
+    return [checked_event("collection", lookup, verdict.result, "p1", now),
+            *(detected_event("collection", reference, d, "p1", "p1", now)
+              for d in verdict.detect)]
+
+
+def test_a_provider_code_of_any_size_in_the_ledger_never_stops_the_live_projector(
+        db_url: str) -> None:
+    """Reconciliation keeps the provider's code as given; one past a double's range (which
+    orjson will not read) or past 64 bits (which it will not write) is read and stored
+    exactly, the batch commits, and the events after it still land, live and rebuilt."""
+    code = 10**400 + 55  # the failure band
+    events = [new_event("payment.confirmed", 91000, reference="HUGE", amount=100),
+              *_provider_verdict_events("HUGE", code),
+              new_event("payment.confirmed", 91000, reference="AFTER", amount=100)]
+    asyncio.run(append_all(db_url, events))
+
+    async def project() -> None:
+        async with await connect(db_url) as conn:  # the live projector's connection
+            while await project_batch(conn, batch_size=3):
+                pass
+
+    asyncio.run(project())
+    with psycopg.connect(db_url) as conn:
+        refs = [r for (r,) in conn.execute(
+            "SELECT reference FROM hookledger.payments ORDER BY 1").fetchall()]
+        kept = conn.execute("SELECT kind, facts->>'provider_code' FROM "
+                            "hookledger_private.discrepancies").fetchall()
+    assert refs == ["AFTER", "HUGE"]
+    assert kept == [("status_mismatch", str(code))]
+    assert asyncio.run(verify(db_url)).identical
+    before = snapshot(db_url)
+    asyncio.run(rebuild(db_url))
+    assert snapshot(db_url) == before
+
