@@ -18,6 +18,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import cache
 from typing import Any
 
 import orjson
@@ -159,6 +160,32 @@ async def store_rows(conn: Connection, schema: str, projection: Projection,
         await cur.execute(sql.SQL("TRUNCATE {}").format(stage))
 
 
+INTEGER_RANGES = {"integer": (-2**31, 2**31 - 1), "bigint": (-2**63, 2**63 - 1)}
+
+
+@cache
+def integer_columns(table: str) -> tuple[tuple[str, int, int], ...]:
+    """A projection table's integer columns, each with the least and greatest value it
+    holds."""
+    dialect = postgresql.dialect()
+    return tuple((column.name, *INTEGER_RANGES[kind])
+                 for column in metadata.tables[f"{PRIVATE_SCHEMA}.{table}"].columns
+                 if (kind := column.type.compile(dialect=dialect).lower()) in INTEGER_RANGES)
+
+
+def check_storable(table: str, row: Row) -> None:
+    """Raise ``OverflowError`` when a folded row holds an integer its column cannot.
+
+    Such a row (a provider's code past ``integer`` in a recovered state) was written by
+    the binary COPY wrapped round, silently: 9100000055 became 510065463, live and rebuilt
+    alike. Checked as part of the fold, it is that event's failure alone, left out and
+    reported as any event a fold cannot apply, live and in a rebuild alike."""
+    for name, least, greatest in integer_columns(table):
+        value = row.get(name)
+        if value is not None and not least <= value <= greatest:
+            raise OverflowError(f"{name} is out of range for its column")
+
+
 def fold_touched(projection: Projection, touched: Sequence[tuple[str, StoredEvent]],
                  known: dict[str, Row]) -> tuple[dict[str, Row], list[Finding]]:
     """Fold each (key, event) in order into the row of that key; pure, ``known`` is kept."""
@@ -167,6 +194,7 @@ def fold_touched(projection: Projection, touched: Sequence[tuple[str, StoredEven
     for key, event in touched:
         try:
             new, found = projection.fold(changed.get(key, known.get(key)), event)
+            check_storable(projection.table, new)
         except (MemoryError, RecursionError):
             raise  # the machine's trouble, not the event's: retry the batch, skip nothing
         except Exception as exc:  # noqa: BLE001 - one bad event must not stall every projection

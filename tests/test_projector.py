@@ -608,3 +608,37 @@ def test_a_provider_code_of_any_size_in_the_ledger_never_stops_the_live_projecto
     asyncio.run(rebuild(db_url))
     assert snapshot(db_url) == before
 
+
+def test_an_event_whose_row_its_table_cannot_hold_is_left_out_and_the_projector_goes_on(
+        db_url: str) -> None:
+    """A recovered provider state whose code is past ``integer`` (which the binary COPY
+    stored wrapped round) is left out of that projection like an event no fold can apply,
+    reported as ``unprojectable_event``, and live still equals a rebuild."""
+    from datetime import UTC, datetime
+    from decimal import Decimal
+
+    from reconcile.findings import recovered_event
+    from reconcile.records import ProviderRecord
+    from tests.projection_events import EAT
+
+    record = ProviderRecord(reference="BIG", status="FAILED", amount=Decimal(100),
+                            event="payment.failed", code=9_100_000_055, transaction_id=None,
+                            customer_reference=None, service=None, timestamp=None)
+    events = [new_event("payment.confirmed", 91000, reference="A", amount=100),
+              recovered_event("collection", record, "p1", datetime.now(UTC), EAT),
+              new_event("payment.confirmed", 91000, reference="C", amount=100)]
+    asyncio.run(append_all(db_url, events))
+    asyncio.run(project_all(db_url))
+    with psycopg.connect(db_url) as conn:
+        refs = [r for (r,) in conn.execute(
+            "SELECT reference FROM hookledger.payments ORDER BY 1").fetchall()]
+        kinds = conn.execute("SELECT payload->>'kind', payload->>'subject', "
+                             "payload->>'reference' FROM hookledger.ledger "
+                             "WHERE source = 'projector'").fetchall()
+    assert refs == ["A", "C"]
+    assert kinds == [("unprojectable_event", "payments", "BIG")]
+    assert asyncio.run(verify(db_url)).identical
+    before = snapshot(db_url)
+    asyncio.run(rebuild(db_url))
+    assert snapshot(db_url) == before
+
