@@ -58,6 +58,29 @@ def leader_query(name: str) -> tuple[str, dict[str, object]]:
 log = structlog.get_logger("hookledger.projector")
 
 
+def idle_limit_s(*, poll_s: float, standby_retry_s: float, coalesce_s: float) -> float:
+    """How long a projector's session may sit idle before the server ends it: several
+    times the longest a working one ever waits between statements (a leader polls every
+    ``poll_s`` and then lets ``coalesce_s`` pass; a standby asks every ``standby_retry_s``)."""
+    return 5 * max(1.0, poll_s + coalesce_s, standby_retry_s)
+
+
+async def end_when_idle(conn: psycopg.AsyncConnection[Any], seconds: float) -> None:
+    """Have the server end this session once it has sat idle for ``seconds``.
+
+    The projector lock is the session's, so it goes when the server ends the session, not
+    when the client does. After a network blip the leader sees its connection go and opens
+    a new one, while the server may keep the old session, idle, until the kernel gives up
+    on its socket (tens of minutes; hours without keepalives): its lock stayed held, so no
+    process led and nothing was projected. A working leader or standby is never idle that
+    long. (Idle within a batch's transaction is not bounded: how long a batch folds
+    depends on its size. PostgreSQL 13 has no ``idle_session_timeout``.)
+    """
+    if conn.info.server_version >= 140000:
+        await conn.execute("SELECT set_config('idle_session_timeout', %s, false)",
+                           (str(max(1, round(seconds * 1000))),))  # milliseconds
+
+
 class LiveProjector:
     def __init__(self, url: str, *, batch_size: int = 1000, poll_s: float = 1.0,
                  standby_retry_s: float = 2.0, coalesce_s: float = 0.0,
@@ -67,6 +90,8 @@ class LiveProjector:
         self._poll_s = poll_s
         self._standby_retry_s = standby_retry_s
         self._coalesce_s = coalesce_s
+        self._idle_limit_s = idle_limit_s(poll_s=poll_s, standby_retry_s=standby_retry_s,
+                                          coalesce_s=coalesce_s)
         self.name = name or application_name()
         self._stop = asyncio.Event()
         self.is_leader = False
@@ -90,6 +115,7 @@ class LiveProjector:
 
     async def _session(self) -> None:
         async with await connect(self._url, application_name=self.name) as conn:
+            await end_when_idle(conn, self._idle_limit_s)
             while not self._stop.is_set():
                 cur = await conn.execute("SELECT pg_try_advisory_lock(%s)",
                                          (PROJECTOR_LOCK_KEY,))

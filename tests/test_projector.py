@@ -642,3 +642,108 @@ def test_an_event_whose_row_its_table_cannot_hold_is_left_out_and_the_projector_
     asyncio.run(rebuild(db_url))
     assert snapshot(db_url) == before
 
+
+class SocketRelay:
+    """A relay in front of the test server's Unix socket whose client side can be cut
+    while the server's side stays open: what a network blip can leave behind (the client
+    sees its connection go; the server still holds the session, idle, and its locks)."""
+
+    def __init__(self, url: str) -> None:
+        import socket
+        import tempfile
+        import threading
+
+        from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+        params = conninfo_to_dict(url)
+        host, port = str(params.get("host") or ""), str(params.get("port") or 5432)
+        if not host.startswith("/"):
+            pytest.skip("the relay stands in front of a Unix socket")
+        self._upstream = f"{host}/.s.PGSQL.{port}"
+        folder = tempfile.mkdtemp(prefix="hl-relay-")
+        self.url = make_conninfo(url, host=folder)
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(f"{folder}/.s.PGSQL.{port}")
+        self._listener.listen()
+        self._clients: list[socket.socket] = []
+        self._servers: list[socket.socket] = []
+        self._socket = socket
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import threading
+
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = self._socket.socket(self._socket.AF_UNIX, self._socket.SOCK_STREAM)
+            server.connect(self._upstream)
+            self._clients.append(client)
+            self._servers.append(server)  # kept open: the session lingers
+            for source, target in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(source, target), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: Any, target: Any) -> None:
+        try:
+            while data := source.recv(65536):
+                target.sendall(data)
+        except OSError:
+            pass  # never closes the other side: the server's stays open
+
+    def cut_clients(self) -> None:
+        for client in self._clients:
+            client.shutdown(self._socket.SHUT_RDWR)
+            client.close()
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+def test_a_leader_cut_off_while_its_session_lingers_is_replaced_within_seconds(
+        db_url: str) -> None:
+    """A network blip: the leader's connection goes, but the server keeps its session (and
+    with it the projector lock) idle. The server ends that session, so a projector leads
+    again and new events are folded within seconds, not when the kernel gives up on it."""
+    relay = SocketRelay(db_url)
+    cut_off = LiveProjector(relay.url, poll_s=0.2, standby_retry_s=0.2)
+    standby = LiveProjector(db_url, poll_s=0.2, standby_retry_s=0.2)
+
+    async def folded(reference: str) -> bool:
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+            cur = await conn.execute("SELECT 1 FROM hookledger.payments WHERE reference = %s",
+                                     (reference,))
+            return await cur.fetchone() is not None
+
+    async def run() -> float | None:
+        tasks = [asyncio.create_task(cut_off.run())]
+        try:
+            deadline = time.monotonic() + 10
+            while not cut_off.is_leader:
+                assert time.monotonic() < deadline, "the first projector never led"
+                await asyncio.sleep(0.05)
+            tasks.append(asyncio.create_task(standby.run()))
+            await asyncio.sleep(0.6)
+            assert not standby.is_leader
+            relay.cut_clients()
+            await append_all(db_url, [new_event("payment.confirmed", 91000,
+                                                reference="AFTER-BLIP", amount=100)])
+            cut_at = time.monotonic()
+            while time.monotonic() - cut_at < 30:
+                if await folded("AFTER-BLIP"):
+                    return time.monotonic() - cut_at
+                await asyncio.sleep(0.2)
+            return None
+        finally:
+            cut_off.stop()
+            standby.stop()
+            await asyncio.wait_for(asyncio.gather(*tasks), timeout=10)
+
+    try:
+        took = asyncio.run(run())
+    finally:
+        relay.close()
+    assert took is not None, "no projector led again while the old session lingered"
+    assert took < 15
