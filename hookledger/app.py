@@ -41,6 +41,7 @@ from ingest.responses import Accepted
 from ingest.spool import Spool
 from ingest.spool_drain import SpoolDrainer
 from ledger import LedgerStore
+from ledger.store import read_committed
 from projections.live import LiveProjector, application_name
 
 log = structlog.get_logger("hookledger.service")
@@ -99,7 +100,7 @@ def create_app(settings: Settings, database_url: str, *,
             pool = AsyncConnectionPool(
                 database_url, min_size=2, max_size=settings.db_pool_size, open=False,
                 kwargs={"autocommit": True, "application_name": "hookledger-ingest"},
-                name="hookledger",
+                name="hookledger", configure=read_committed,
             )
             await pool.open(wait=True, timeout=30)
             stack.push_async_callback(pool.close)

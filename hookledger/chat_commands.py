@@ -21,6 +21,7 @@ from ingest.chat_api import ChatApi, ChatApiError, webhook_url_problem
 from ingest.chat_rotation import Rotated, RotationError, SecretNotStored, keep_secret, rotate
 from ingest.chat_secrets import ChatSecretStore, valid_phone_number_id
 from ledger import LedgerStore
+from ledger.store import read_committed
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -66,7 +67,8 @@ def _check_id(phone_number_id: str) -> None:
 async def _open_pool(url: str) -> AsyncConnectionPool:
     """A small pool, checked before the provider is called: a dead database stops us early."""
     pool = AsyncConnectionPool(url, min_size=1, max_size=2, open=False,
-                               kwargs={"autocommit": True}, name="hookledger-chat")
+                               kwargs={"autocommit": True}, name="hookledger-chat",
+                               configure=read_committed)
     try:
         await pool.open(wait=True, timeout=15)
     except Exception as exc:  # noqa: BLE001 - reported by type

@@ -106,6 +106,21 @@ async def translated_errors() -> AsyncIterator[None]:
         raise LedgerError(f"database error: {type(exc).__name__}") from exc
 
 
+async def read_committed(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Pin this session to READ COMMITTED, whatever the server's or the database's default
+    (``default_transaction_isolation``): call it on every connection that appends.
+
+    The append trigger finds the event a new one chains to with a query it runs after
+    taking the append lock. Under READ COMMITTED that query takes a fresh snapshot, so it
+    sees every event committed before the lock was granted. Under REPEATABLE READ or
+    SERIALIZABLE (a default some teams set) it reads the transaction's first snapshot: an
+    event another session committed since is passed over, the new hash chains to the one
+    before it, and ``hookledger verify`` calls an untouched ledger tampered with. Once per
+    connection: nothing is added to an append.
+    """
+    await conn.execute("SET default_transaction_isolation = 'read committed'")
+
+
 class LedgerStore:
     """The ledger over a psycopg async connection pool."""
 

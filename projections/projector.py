@@ -32,7 +32,7 @@ import projections.schema  # noqa: F401 - declares the projection tables on meta
 from ledger import NewEvent, StoredEvent
 from ledger.jsonenc import dumps
 from ledger.schema import PRIVATE_SCHEMA, metadata
-from ledger.store import append_in, read_in
+from ledger.store import append_in, read_committed, read_in
 from projections.folding import Discrepancy
 from projections.malformed import malformed_discrepancy
 from projections.registry import PROJECTIONS, Projection, Row
@@ -63,7 +63,8 @@ def discrepancy_event(finding: Finding, now: datetime) -> NewEvent:
 
 
 async def connect(url: str, *, application_name: str | None = None) -> Connection:
-    """A connection set up for folding: autocommit, orjson, and sessions in UTC.
+    """A connection set up for folding: autocommit, orjson, READ COMMITTED (see
+    :func:`ledger.store.read_committed`) and sessions in UTC.
 
     In UTC the driver builds datetimes with ``timezone.utc`` rather than a ``ZoneInfo``,
     which takes a fifth off reading the ledger (measured); the values are the same instants.
@@ -72,6 +73,7 @@ async def connect(url: str, *, application_name: str | None = None) -> Connectio
     conn = await psycopg.AsyncConnection.connect(url, autocommit=True, connect_timeout=10,
                                                  **extra)
     await conn.execute("SET TimeZone = 'UTC'")
+    await read_committed(conn)  # its batches append discrepancies
     use_fast_json(conn)
     return conn
 

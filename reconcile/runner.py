@@ -25,7 +25,7 @@ import psycopg
 import structlog
 
 from ledger import AppendResult, NewEvent
-from ledger.store import append_in
+from ledger.store import append_in, read_committed
 from projections.projector import catch_up
 from reconcile import store
 from reconcile.checks import Local, Verdict, decide, settle
@@ -160,6 +160,7 @@ class Reconciler:
             if not (row and row[0]):
                 result.skipped = True
                 return result
+            await read_committed(conn)  # a pass appends
             await self._pass(conn, result, now)
             await self._observe(conn)
         result.seconds = time.perf_counter() - started

@@ -8,9 +8,11 @@ import os
 import subprocess
 import sys
 from dataclasses import replace
+from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql as pg_sql
 from sqlalchemy.exc import DBAPIError
 
 import ledger.store
@@ -157,3 +159,89 @@ def test_migration_0010_keeps_the_digest_function_of_0009_bit_for_bit() -> None:
     assert body(after.UPGRADE) == body(before._digest(before.PAYLOAD_HASH))
     assert after.digest_of("NEW") == after.DIGEST.replace("ROW.", "NEW.")
     assert "ROW." not in after.UPGRADE  # every field rendered for the row it hashes
+
+
+def test_the_projectors_discrepancy_chains_to_the_newest_event_under_repeatable_read(
+        db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A database whose default isolation is REPEATABLE READ (some teams set it): an event
+    ingest commits while the projector folds is still the one the projector's discrepancy
+    chains to, so ``verify`` finds the ledger intact."""
+    import projections.projector as projector
+
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(pg_sql.SQL(
+            "ALTER DATABASE {} SET default_transaction_isolation = 'repeatable read'").format(
+                pg_sql.Identifier(conn.info.dbname)))
+    conflicting = [new_event("payment.confirmed", 91000, reference="RR-1", amount=700),
+                   new_event("payment.failed", 91055, reference="RR-1", amount=0,
+                             timestamp="20261122090000")]
+    folding = projector.apply_events
+
+    async def while_ingest_commits(conn: Any, events: Any, **kwargs: Any) -> Any:
+        found = await folding(conn, events, **kwargs)
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as other:
+            await append_in(other, [new_event("payment.confirmed", 91000,
+                                              reference="RR-MEANWHILE", amount=5)])
+        return found
+
+    async def run() -> None:
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+            await append_in(conn, conflicting)
+        monkeypatch.setattr(projector, "apply_events", while_ingest_commits)
+        async with await projector.connect(db_url) as conn:
+            assert await projector.project_batch(conn) == 2
+
+    asyncio.run(run())
+    with psycopg.connect(db_url) as conn:
+        sources = [s for (s,) in conn.execute(
+            "SELECT source FROM hookledger.ledger ORDER BY position").fetchall()]
+    assert sources == ["general", "general", "general", "projector"]
+    result = check(db_url)
+    assert result.intact and result.checked == 4  # type: ignore[attr-defined]
+
+
+def test_a_delivery_whose_append_waited_for_the_lock_chains_under_repeatable_read(
+        db_url: str) -> None:
+    """Ingest's appends, too: a delivery whose append waits on the append lock while
+    another session commits an event chains to that event, whatever the database's
+    default isolation."""
+    import httpx
+
+    from ledger.schema import APPEND_LOCK_KEY
+    from tests.general_events import encode, general_body
+    from tests.live import running_service
+    from tests.signing import general_header
+
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(pg_sql.SQL(
+            "ALTER DATABASE {} SET default_transaction_isolation = 'repeatable read'").format(
+                pg_sql.Identifier(conn.info.dbname)))
+    raw = encode(general_body("payment.confirmed", 91000, reference="RR-INGEST", amount=250))
+
+    async def waiting_for_the_append_lock() -> None:
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+            for _ in range(200):
+                cur = await conn.execute(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                    " AND classid::bigint = %s AND objid::bigint = %s",
+                    (APPEND_LOCK_KEY >> 32, APPEND_LOCK_KEY & 0xFFFFFFFF))
+                if (await cur.fetchone() or (0,))[0]:
+                    return
+                await asyncio.sleep(0.02)
+        raise AssertionError("the delivery's append never waited for the lock")
+
+    async def run(base: str) -> int:
+        async with await psycopg.AsyncConnection.connect(db_url) as holder:
+            await append_in(holder, [new_event("payment.confirmed", 91000,
+                                               reference="RR-FIRST", amount=5)])
+            answer = asyncio.create_task(asyncio.to_thread(
+                httpx.post, f"{base}/webhooks/general/main", content=raw, timeout=30,
+                headers={"x-service-signature": general_header("s3cret", raw)}))
+            await waiting_for_the_append_lock()
+            await holder.commit()
+            return (await answer).status_code
+
+    with running_service(db_url, general_secrets="main=s3cret", projector=False) as base:
+        assert asyncio.run(run(base)) == 200
+    result = check(db_url)
+    assert result.intact and result.checked == 2  # type: ignore[attr-defined]
