@@ -28,7 +28,7 @@ import httpx
 
 from ledger.jsonenc import decimal_or_text, jsonb_safe
 from reconcile.errors import ApiRefused, ApiUnavailable, MalformedEnvelope, MappingError
-from reconcile.records import ProviderRecord, RecordMapping
+from reconcile.records import CODE_RANGE, ProviderRecord, RecordMapping
 
 LookupKind = Literal["found", "not_found", "error"]
 REFERENCE_PATH = "/api/v1/payment/reference/{reference}"
@@ -75,6 +75,8 @@ def parse_envelope(body: bytes) -> Envelope:
         raise MalformedEnvelope("envelope field success is missing or not a boolean")
     if isinstance(code, bool) or not isinstance(code, int):
         raise MalformedEnvelope("envelope field code is missing or not an integer")
+    if code not in CODE_RANGE:
+        raise MalformedEnvelope("envelope field code is out of range")
     if not isinstance(message, str):
         raise MalformedEnvelope("envelope field message is missing or not a string")
     if data is None and not success:

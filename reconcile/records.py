@@ -29,6 +29,10 @@ RECOVERY_EVENT: dict[tuple[str, str], str] = {
 # an amount's magnitude (below 10**16 TZS) and decimal places past which it is no money
 MAX_AMOUNT_EXPONENT = 15
 MAX_AMOUNT_PLACES = 100
+# a code (the record's, the envelope's) as the projections' ``integer`` columns hold it;
+# past it, a code was stored wrapped round, and read back from ``facts`` as a float or not
+# at all by orjson
+CODE_RANGE = range(-2**31, 2**31)
 
 DEFAULT_PATHS: dict[str, str] = {
     "reference": "reference", "status": "status", "amount": "amount", "event": "event",
@@ -215,6 +219,8 @@ class RecordMapping:
         if code_raw is not None and (isinstance(code_raw, bool)
                                      or not isinstance(code_raw, int)):
             raise MappingError("code is not an integer")
+        if code_raw is not None and code_raw not in CODE_RANGE:
+            raise MappingError("code is out of range")
         transaction_id = text("transaction_id")
         answered = text("reference")
         if answered is not None and answered.strip().casefold() != reference.strip().casefold():
