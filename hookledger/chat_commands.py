@@ -155,8 +155,11 @@ def store_secret(phone_number_id: str, from_file: Path | None) -> None:
     if from_file is not None:
         try:
             secret = from_file.read_text(encoding="utf-8").strip()
-        except (UnicodeDecodeError, OSError) as exc:  # its message quotes no secret
-            _fail(f"cannot read {from_file}: {exc}; nothing changed")
+        except UnicodeDecodeError:  # not its message: that quotes a byte of the secret
+            _fail(f"cannot read {from_file}: not UTF-8 text; nothing changed")
+        except OSError as exc:
+            _fail(f"cannot read {from_file}: {exc.strerror or type(exc).__name__}; "
+                  "nothing changed")
     else:
         secret = click.prompt("secret", hide_input=True).strip()
 

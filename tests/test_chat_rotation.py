@@ -214,7 +214,7 @@ def test_store_secret_from_a_file_that_is_not_text_is_a_message_not_a_traceback(
     assert result.exit_code == 1, result.output
     assert isinstance(result.exception, SystemExit)
     assert "cannot read" in result.output and "nothing changed" in result.output
-    assert "secret-bytes" not in result.output
+    assert "secret-bytes" not in result.output and "0xff" not in result.output
 
 
 def test_wrong_api_key_is_a_clear_error_without_the_key_or_a_secret(
