@@ -195,6 +195,8 @@ class ReferenceClient:
     async def _get(self, path: str) -> tuple[httpx.Response, bytes]:
         """The answer and its body, read no further than :data:`MAX_ANSWER_BYTES`."""
         async with self._http.stream("GET", path) as answer:
+            if answer.status_code == 429 or answer.status_code >= 500:
+                return answer, b""  # retried on its status (and Retry-After) alone
             content = bytearray()
             async for chunk in answer.aiter_bytes():
                 content += chunk
