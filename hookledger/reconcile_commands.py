@@ -8,6 +8,7 @@ database is configured; migrations applied first).
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -90,11 +91,18 @@ def report_command(fmt: str, since: str | None, out: Path | None) -> None:
             if out.exists() and not out.is_file():  # a device or a pipe: written as it comes
                 out.write_text(text, encoding="utf-8")
             else:  # a disk that fills up mid-write leaves the previous report whole
-                replace_atomically(out.resolve(), text.encode("utf-8"))
+                replace_atomically(out.resolve(), text.encode("utf-8"), mode=_new_file_mode())
         except OSError as exc:  # a folder that cannot be made or written: no traceback
             click.echo(f"hookledger: cannot write {out}: {exc.strerror or exc}", err=True)
             sys.exit(2)
         click.echo(f"wrote {out}", err=True)
+
+
+def _new_file_mode() -> int:
+    """What ``open`` would give a new file here: the umask honoured (077: private)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 @click.command(name="expect")

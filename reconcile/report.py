@@ -38,6 +38,7 @@ import html
 import io
 import json
 import os
+import stat
 import tempfile
 import time
 from collections import Counter, defaultdict
@@ -49,8 +50,11 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import structlog
 
 from ingest.codes import CODES
+
+log = structlog.get_logger("hookledger.reconcile")
 
 SCHEMA_VERSION = 1
 FORMATS = ("html", "md", "csv", "json")
@@ -409,8 +413,13 @@ async def write_scheduled_report(url: str, directory: Path,
             written.append(path)
     if keep is not None:
         for name in expired_reports([p.name for p in directory.iterdir()], now, keep):
-            with contextlib.suppress(FileNotFoundError):  # another worker's prune
+            try:
                 (directory / name).unlink()
+            except FileNotFoundError:  # another worker's prune
+                pass
+            except OSError as exc:  # someone else's file, say: the rest are still pruned
+                log.warning("reconcile.report_not_pruned", file=name,
+                            error=exc.strerror or type(exc).__name__)
     return written
 
 
@@ -442,10 +451,14 @@ def _remove_abandoned(directory: Path, older_than_s: float = 3600) -> None:
                 leftover.unlink()
 
 
-def replace_atomically(path: Path, data: bytes) -> None:
+def replace_atomically(path: Path, data: bytes, *, mode: int = 0o644) -> None:
     """Write beside ``path`` under a name of this writer's own, then rename over it: every
     worker of a ``serve`` writes the same report names at the same moment, and a shared
-    temporary name let one truncate the file another was about to rename."""
+    temporary name let one truncate the file another was about to rename. The file keeps
+    the mode of the one it replaces (a report someone made private stays private), else
+    gets ``mode``."""
+    with contextlib.suppress(FileNotFoundError):
+        mode = stat.S_IMODE(path.stat().st_mode)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.",
                                          suffix=".tmp")
     try:
@@ -453,7 +466,7 @@ def replace_atomically(path: Path, data: bytes) -> None:
             out.write(data)
             out.flush()
             os.fsync(out.fileno())  # a power cut leaves the old report, never an empty one
-        os.chmod(temporary, 0o644)  # readable like any report, not mkstemp's 0600
+        os.chmod(temporary, mode)  # not mkstemp's 0600
         os.replace(temporary, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

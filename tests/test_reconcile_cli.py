@@ -6,6 +6,7 @@ import json
 import os
 import resource
 import signal
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -127,3 +128,24 @@ def test_a_report_the_disk_cannot_hold_leaves_the_previous_one_whole(
     assert f"cannot write {out}" in done.stderr
     assert out.read_text() == "<p>the previous report</p>"
     assert not list(tmp_path.glob(".*.tmp"))  # no temporary left behind
+
+
+def test_a_report_written_out_keeps_a_private_files_mode_and_honours_the_umask(
+        db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Renamed into place, every ``--out`` file became 0644: a report someone kept private
+    (references and amounts) turned world-readable, and a umask of 077 was ignored."""
+    monkeypatch.setenv("HOOKLEDGER_DATABASE_URL", db_url)
+    private = tmp_path / "private.csv"
+    private.write_text("old")
+    private.chmod(0o600)
+    assert CliRunner().invoke(main, ["report", "--format", "csv", "--out", str(private)]
+                              ).exit_code == 0
+    assert stat.S_IMODE(private.stat().st_mode) == 0o600 and private.read_text() != "old"
+    before = os.umask(0o077)
+    try:
+        fresh = tmp_path / "fresh.csv"
+        assert CliRunner().invoke(main, ["report", "--format", "csv", "--out", str(fresh)]
+                                  ).exit_code == 0
+    finally:
+        os.umask(before)
+    assert stat.S_IMODE(fresh.stat().st_mode) == 0o600
