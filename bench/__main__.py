@@ -96,6 +96,11 @@ def table(results: dict[str, Any]) -> list[Row]:
         if ingest.get("ratio_parts"):
             rows.append(("  each round's ratio as", parts_described(ingest["ratio_parts"]),
                          "", ""))
+        if "ratio_projector_off_vs_bare" in ingest:  # the ingest path alone: no goal
+            off = ingest["ratio_projector_off_vs_bare"]
+            rows.append(("  the ingest path alone: hookledger with its projector off / bare",
+                         f"{off}x{_median_of(ingest.get('ratio_projector_off_rounds', []))}",
+                         "", ""))
         if "scaled_vs_empty" in ingest:
             scaled = ingest["scaled_vs_empty"]
             rows.append(("ingest: large ledger / empty ledger",

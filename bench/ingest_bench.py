@@ -14,6 +14,10 @@
    the scaling run below has 5,000,000). After each run the ledger is counted against the
    number of 2xx answers: every acknowledged delivery must be there, once.
 2. **latency at a fixed rate**: both at a steady 1,000 req/s (open loop, from this process).
+   With ``--projector-off`` (the default), each round also measures ``serve`` with
+   ``HOOKLEDGER_PROJECTOR=off`` on a database of its own (nothing there waits to be
+   folded): the ingest path alone, so the table shows how much of the ratio the projector
+   takes and how much the ingest path itself leaves.
 3. **scaling**: a second database on the same server is filled to ``--scale-events`` events
    (server side, through the ledger's own trigger, with dedupe keys spread as real ones
    are), and hookledger is measured on it and on a third, empty one in ``--scale-rounds``
@@ -419,7 +423,7 @@ def ready_seconds() -> float:
 def measure(seconds: float, connections: int, scale_events: int, fixed_rate: int,
             fixed_seconds: float, soak_seconds: float, soak_rate: int,
             generator: str = "auto", workers: int = 1, rounds: int = 3,
-            scale_rounds: int = 2) -> dict[str, Any]:
+            scale_rounds: int = 2, projector_off: bool = True) -> dict[str, Any]:
     threads = 2
     use_wrk = generator == "wrk" or (generator == "auto" and shutil.which("wrk") is not None)
     ceiling = 25_000  # req/s no contender reaches here; sizes the pre-signed sets
@@ -430,8 +434,13 @@ def measure(seconds: float, connections: int, scale_events: int, fixed_rate: int
     scale_ratios: list[float] = []
     checks: dict[str, Any] = {}
     memory: dict[str, float] = {}
-    with fresh_database() as url, tempfile.TemporaryDirectory(prefix="hookledger-ingest-") as tmp:
+    with fresh_database() as url, tempfile.TemporaryDirectory(prefix="hookledger-ingest-") as tmp, \
+            contextlib.ExitStack() as databases:
         folder = Path(tmp)
+        # the projector-off runs get a database of their own: their events are never
+        # folded, so none is left for the next round's projector to catch up on
+        off_url = (databases.enter_context(sibling_database(url, "noproj"))
+                   if projector_off else None)
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(TABLE_DDL)
         postgres_version = server_version(url)
@@ -475,8 +484,10 @@ def measure(seconds: float, connections: int, scale_events: int, fixed_rate: int
         bare_label = "bare endpoint (2 workers, INSERT per request)"
         our_label = f"hookledger ({workers} workers, empty ledger)"
         of_rounds = f", {rounds} rounds" if rounds > 1 else ""
+        off_label = f"hookledger ({workers} workers, projector off)"
         bare_runs: list[Load] = []
         our_runs: list[Load] = []
+        off_runs: list[Load] = []
         peak_rss = 0.0
 
         def checked(name: str, r: int) -> str:  # each round is checked on its own
@@ -493,6 +504,17 @@ def measure(seconds: float, connections: int, scale_events: int, fixed_rate: int
                 if last:
                     rows.append(median_of(bare_label + of_rounds, bare_runs))
                     rows.append(fixed(f"bare endpoint at {fixed_rate}/s", port, "BF"))
+            if off_url is not None:
+                port = free_port()
+                with tempfile.TemporaryDirectory(prefix="hookledger-home-") as home, \
+                        hookledger(off_url, port, Path(home),
+                                   {**service, "HOOKLEDGER_PROJECTOR": "off"}):
+                    load("warm-up", port, f"OW{r}", 2000)
+                    off_runs.append(load(off_label, port, f"OM{r}", per_run))
+                    checks[checked("ledger_vs_2xx_projector_off", r)] = [
+                        ledger_count(off_url, f"OM{r}"), off_runs[-1].ok]
+                if last:
+                    rows.append(median_of(off_label + of_rounds, off_runs))
             port = free_port()
             with contextlib.ExitStack() as stack:
                 home = stack.enter_context(
@@ -580,6 +602,7 @@ def measure(seconds: float, connections: int, scale_events: int, fixed_rate: int
     # the machine's drift less than a ratio of two medians would
     ratios = [o.rate / b.rate for b, o in zip(bare_runs, our_runs, strict=True) if b.rate]
     parts = [ratio_parts(b, o) for b, o in zip(bare_runs, our_runs, strict=True)]
+    off_ratios = [o.rate / b.rate for b, o in zip(bare_runs, off_runs, strict=True) if b.rate]
     figures: dict[str, Any] = {
         "postgresql": postgres_version,
         "ready_seconds": round(ready_seconds(), 2),
@@ -591,6 +614,10 @@ def measure(seconds: float, connections: int, scale_events: int, fixed_rate: int
         "ratio_parts": parts if any(parts) else [],  # round by round, None where unread
         "checks": checks, "memory": memory,
     }
+    if off_runs:
+        figures["ratio_projector_off_vs_bare"] = round(statistics.median(off_ratios), 2) \
+            if off_ratios else 0.0
+        figures["ratio_projector_off_rounds"] = [round(x, 2) for x in off_ratios]
     if scale_events:
         figures["scaled_vs_empty"] = round(statistics.median(scale_ratios), 2) \
             if scale_ratios else 0.0
@@ -655,6 +682,10 @@ def print_table(figures: dict[str, Any]) -> None:
     print(f"hookledger / bare endpoint: {figures['ratio_vs_bare']}x (rounds: {rounds})")
     if figures.get("ratio_parts"):
         print(f"  each round's ratio as {parts_described(figures['ratio_parts'])}")
+    if "ratio_projector_off_vs_bare" in figures:
+        off = ", ".join(f"{x}x" for x in figures["ratio_projector_off_rounds"])
+        print(f"hookledger with its projector off / bare endpoint: "
+              f"{figures['ratio_projector_off_vs_bare']}x (rounds: {off})")
     if "scaled_vs_empty" in figures:
         pairs = ", ".join(f"{x}x" for x in figures.get("scaled_rounds", []))
         print(f"with a large ledger / empty: {figures['scaled_vs_empty']}x "
@@ -689,12 +720,15 @@ def main() -> None:
     parser.add_argument("--scale-rounds", type=int, default=2,
                         help="pairs of runs on an empty ledger and the large one, "
                              "alternating (the median of the pairs' ratios is kept)")
+    parser.add_argument("--no-projector-off", dest="projector_off", action="store_false",
+                        help="leave out the rounds of serve with HOOKLEDGER_PROJECTOR=off "
+                             "(the ingest path alone)")
     args = parser.parse_args()
     if args.rounds < 1 or args.scale_rounds < 1:
         parser.error("--rounds and --scale-rounds must be at least 1")
     figures = measure(args.seconds, args.connections, args.scale_events, args.fixed_rate,
                       args.fixed_seconds, args.soak_seconds, args.soak_rate, args.generator,
-                      args.workers, args.rounds, args.scale_rounds)
+                      args.workers, args.rounds, args.scale_rounds, args.projector_off)
     print_table(figures)
     from bench.common import write_results
     print("written", write_results("ingest", figures))

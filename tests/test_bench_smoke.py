@@ -35,17 +35,30 @@ def test_every_benchmark_runs_at_smoke_size_and_counts_what_it_acknowledged(
     assert {load["label"].split(" (")[0] for load in ingest["loads"]} >= {
         "bare endpoint", "hookledger"}
     assert all(load["ok"] > 0 for load in ingest["loads"])
-    # the saturating loads alternate for two rounds; each ratio pairs one round's runs
+    # the saturating loads (the bare endpoint, serve without its projector, serve) alternate
+    # for two rounds; each ratio pairs one round's runs
     saturating = [load for load in ingest["loads"] if "rounds" in load]
-    assert len(saturating) == 2 and all(len(load["rounds"]) == 2 for load in saturating)
+    assert [load["label"].split(" (")[0] for load in saturating] == [
+        "bare endpoint", "hookledger", "hookledger"]
+    assert "projector off" in saturating[1]["label"]
+    assert len(saturating) == 3 and all(len(load["rounds"]) == 2 for load in saturating)
     assert all(sum(r["ok"] for r in load["rounds"]) == load["ok"] for load in saturating)
     assert all(load["p99_ms"] == max(r["p99_ms"] for r in load["rounds"])
                for load in saturating)  # a latency goal is judged on the worst round
-    assert {f"{name}_round{r}" for name in ("bare_rows_vs_2xx", "ledger_vs_2xx")
+    assert {f"{name}_round{r}" for name in ("bare_rows_vs_2xx", "ledger_vs_2xx",
+                                             "ledger_vs_2xx_projector_off")
             for r in (1, 2)} <= ingest["checks"].keys()  # every round is counted on its own
     assert len(ingest["ratio_rounds"]) == 2
     assert ingest["ratio_vs_bare"] == pytest.approx(
         statistics.median(ingest["ratio_rounds"]), abs=0.011)
+    # the ingest path alone, paired with the same rounds of the bare endpoint
+    bare_rounds, off_rounds = saturating[0]["rounds"], saturating[1]["rounds"]
+    assert ingest["ratio_projector_off_rounds"] == pytest.approx(
+        [o["req_per_s"] / b["req_per_s"] for b, o in zip(bare_rounds, off_rounds, strict=True)],
+        abs=0.011)
+    assert ingest["ratio_projector_off_vs_bare"] == pytest.approx(
+        statistics.median(ingest["ratio_projector_off_rounds"]), abs=0.011)
+    assert any(row[0].strip().startswith("the ingest path alone") for row in summary["rows"])
     for name, (stored, acknowledged) in ingest["checks"].items():
         assert acknowledged > 0 and stored >= acknowledged, name
     assert ingest["ready_seconds"] > 0 and ingest["memory"]["peak_rss_mib"] > 0
