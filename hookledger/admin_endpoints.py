@@ -41,7 +41,9 @@ ADMIN_ROUTES.append(AdminRoute(
     "Rotate a number's chat secret through the provider and keep it (answers its label only)",
     responses={200: "rotated and stored", 400: "not a valid phone number id",
                500: "issued but not stored: rescued to a 0600 file (see rescued_to)",
-               502: "the provider refused or answered unusably",
+               502: "the provider refused or answered unusably; one that rotated without "
+                    "the secret where it was looked for is kept in a 0600 file (see "
+                    "rescued_to and fields)",
                503: "API not configured or provider unavailable"},
     response_schema=ROTATE_RESPONSE_SCHEMA))
 

@@ -7,6 +7,7 @@ Part of the composition root: reads settings, opens the database, builds the API
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from collections.abc import Callable
 from functools import partial
@@ -17,8 +18,15 @@ import click
 from psycopg_pool import AsyncConnectionPool
 
 from hookledger.settings import Settings
-from ingest.chat_api import ChatApi, ChatApiError, webhook_url_problem
-from ingest.chat_rotation import Rotated, RotationError, SecretNotStored, keep_secret, rotate
+from ingest.chat_api import ChatApi, ChatApiError, SecretFieldMissing, webhook_url_problem
+from ingest.chat_rotation import (
+    Rotated,
+    RotationError,
+    SecretNotStored,
+    keep_secret,
+    rescue_answer_to_file,
+    rotate,
+)
 from ingest.chat_secrets import ChatSecretStore, valid_phone_number_id
 from ledger import LedgerStore
 from ledger.store import read_committed
@@ -99,6 +107,55 @@ def _rescue(exc: SecretNotStored) -> NoReturn:
     sys.exit(EXIT_SECRET_NOT_STORED)
 
 
+def _rescue_answer(settings: Settings, phone_number_id: str,
+                   exc: SecretFieldMissing) -> NoReturn:
+    """Keep the answer that holds the new secret under a field not looked in; never print
+    it (unlike a secret in hand, which field holds it is for the operator to say)."""
+    from datetime import UTC, datetime
+
+    try:
+        path = rescue_answer_to_file(settings.home, phone_number_id, exc.reveal_data(),
+                                     datetime.now(UTC))
+    except OSError as io_error:
+        _fail(f"{exc}. Keeping the answer failed too ({type(io_error).__name__}): set "
+              "HOOKLEDGER_CHAT_ROTATE_SECRET_FIELD to the field that holds the secret and "
+              "rotate again; until then the provider's new deliveries are refused.",
+              EXIT_SECRET_NOT_STORED)
+    _fail(f"WARNING: {exc}.\nThe provider already signs new deliveries with the new secret "
+          f"and will never show it again. Its answer was kept in {path} (mode 0600). Store "
+          f"the secret from it: 'hookledger chat store-secret {phone_number_id} --from-file "
+          f"{path} --field <the field that holds it>', set "
+          "HOOKLEDGER_CHAT_ROTATE_SECRET_FIELD to that field, then delete the file.",
+          EXIT_SECRET_NOT_STORED)
+
+
+def _secret_from_file(from_file: Path, field: str | None) -> str:
+    """The secret in ``from_file``: its whole text, or with ``field`` that field of the
+    JSON object in it (a kept rotate answer). No message quotes the file's content."""
+    try:
+        text = from_file.read_text(encoding="utf-8")
+    except UnicodeDecodeError:  # not its message: that quotes a byte of the secret
+        _fail(f"cannot read {from_file}: not UTF-8 text; nothing changed")
+    except OSError as exc:
+        _fail(f"cannot read {from_file}: {exc.strerror or type(exc).__name__}; "
+              "nothing changed")
+    if field is None:
+        if text.lstrip().startswith("{"):
+            _fail(f"{from_file} holds a provider answer, not a secret: name the field that "
+                  "holds the secret with --field; nothing changed")
+        return text.strip()
+    try:
+        answer = json.loads(text)
+    except ValueError:
+        _fail(f"{from_file} is not a JSON object, which --field reads; nothing changed")
+    value = answer.get(field) if isinstance(answer, dict) else None
+    if not isinstance(value, str) or not value.strip():
+        fields = ", ".join(sorted(answer))[:200] if isinstance(answer, dict) else ""
+        _fail(f"{from_file} has no text in field {field!r} (fields: {fields}); "
+              "nothing changed")
+    return value.strip()
+
+
 @click.group()
 def chat() -> None:
     """Chat numbers through the provider's API: secrets and webhook URLs."""
@@ -132,6 +189,8 @@ def rotate_secret(phone_number_id: str) -> None:
             rotated = asyncio.run(run(url))
         except SecretNotStored as exc:
             _rescue(exc)
+        except SecretFieldMissing as exc:
+            _rescue_answer(settings, phone_number_id, exc)
         except RotationError as exc:
             _fail(str(exc))
         except ChatApiError as exc:
@@ -145,21 +204,20 @@ def rotate_secret(phone_number_id: str) -> None:
 @click.option("--from-file", "from_file", type=click.Path(exists=True, dir_okay=False,
                                                           path_type=Path),
               help="read the secret from this file (e.g. a rescued-secrets file)")
-def store_secret(phone_number_id: str, from_file: Path | None) -> None:
+@click.option("--field", default=None,
+              help="with --from-file: the file is a kept rotate answer (JSON), and the "
+                   "secret is this field of it")
+def store_secret(phone_number_id: str, from_file: Path | None, field: str | None) -> None:
     """Keep a secret the provider issued that could not be stored at rotation time."""
     from hookledger import migrate
     from hookledger.database import database
 
     _check_id(phone_number_id)
     settings = _settings()
+    if field is not None and from_file is None:
+        _fail("--field reads a kept rotate answer: give its file with --from-file", EXIT_USAGE)
     if from_file is not None:
-        try:
-            secret = from_file.read_text(encoding="utf-8").strip()
-        except UnicodeDecodeError:  # not its message: that quotes a byte of the secret
-            _fail(f"cannot read {from_file}: not UTF-8 text; nothing changed")
-        except OSError as exc:
-            _fail(f"cannot read {from_file}: {exc.strerror or type(exc).__name__}; "
-                  "nothing changed")
+        secret = _secret_from_file(from_file, field)
     else:
         secret = click.prompt("secret", hide_input=True).strip()
 

@@ -8,6 +8,7 @@ that is not that shape is :class:`ChatApiMalformed`, ``success: false`` is
     ├── ChatApiUnavailable     no usable answer: connection, timeout, 429, 5xx (retryable)
     ├── ChatApiRefused         the API answered ``success: false`` (carries ``code``)
     └── ChatApiMalformed       an answer that is not the envelope (or lacks the asked field)
+        └── SecretFieldMissing a successful rotation whose answer lacks the secret's field
 
 The API key travels in the ``apiToken`` header only. Error messages are built from our own
 words, the HTTP status, and the provider's ``code``/``message`` with the key masked: never
@@ -55,6 +56,26 @@ class ChatApiRefused(ChatApiError):
 
 class ChatApiMalformed(ChatApiError):
     """The API answered something that is not the documented envelope."""
+
+
+class SecretFieldMissing(ChatApiMalformed):
+    """The provider rotated (``success: true``), but its answer has no string in the field
+    the secret was looked for in. The spec does not name that field, so the setting may be
+    wrong: the answer's ``data`` still holds the new secret, which the provider never
+    shows again, so it travels out of here for the edge to keep (never in the message,
+    args or repr)."""
+
+    def __init__(self, field: str, data: dict[str, Any], *, code: int) -> None:
+        self.fields = sorted(data)
+        super().__init__(
+            "no_secret_in_answer",
+            f"the provider rotated, but its answer has no string data.{field} (fields: "
+            f"{', '.join(self.fields)[:200]})", code=code)
+        self.__data = data  # name-mangled, outside args: no repr/str/log shows it
+
+    def reveal_data(self) -> dict[str, Any]:
+        """The answer's ``data``, for the one place that keeps it for the operator."""
+        return self.__data
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,13 +187,7 @@ class ChatApi:
         envelope = await self._call("POST", path)
         secret = envelope.data.get(self._secret_field)
         if not isinstance(secret, str) or not secret:
-            # the provider may have rotated: say so, name the field, never print data
-            raise ChatApiMalformed(
-                "no_secret_in_answer",
-                f"the answer has no string data.{self._secret_field} (fields: "
-                f"{', '.join(sorted(envelope.data))[:200]}); the provider may have rotated "
-                "anyway: set chat_rotate_secret_field and rotate again",
-                code=envelope.code)
+            raise SecretFieldMissing(self._secret_field, envelope.data, code=envelope.code)
         return secret
 
     async def set_webhook(self, phone_number_id: str, url: str) -> Envelope:

@@ -5,6 +5,12 @@ signs new deliveries with it. So the order is fixed: call, then
 :meth:`ChatSecretStore.store_rotated` straight away (one committed transaction), and only
 then anything that may fail for other reasons (the ledger event, the answer to the caller).
 
+The spec does not name the field of the rotate answer that holds the secret
+(``HOOKLEDGER_CHAT_ROTATE_SECRET_FIELD`` guesses ``secret``). When a successful answer lacks
+it, the provider has rotated all the same and the secret is somewhere in that answer: its
+``data`` is kept the same way (:func:`rescue_answer_to_file`), and ``hookledger chat
+store-secret --from-file FILE --field NAME`` stores the secret from it.
+
 When storing fails, the secret must not be lost. :class:`SecretNotStored` carries it out of
 here (never in its message, args or repr); the edge decides where it goes: the command line
 prints it once to the operator, the admin API writes it to a 0600 file
@@ -19,6 +25,7 @@ the number, the secret's label and the time: never the secret.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,7 +37,13 @@ import structlog
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ingest.chat_api import ChatApi, ChatApiError, ChatApiRefused, ChatApiUnavailable
+from ingest.chat_api import (
+    ChatApi,
+    ChatApiError,
+    ChatApiRefused,
+    ChatApiUnavailable,
+    SecretFieldMissing,
+)
 from ingest.chat_secrets import ChatSecretStore, fingerprint, valid_phone_number_id
 from ingest.errors import IngestError
 from ledger import LedgerError, LedgerStore, NewEvent
@@ -117,17 +130,37 @@ async def rotate(api: ChatApi, secrets: ChatSecretStore, ledger: LedgerStore,
 def rescue_to_file(home: Path, phone_number_id: str, label: str, secret: str,
                    at: datetime) -> Path:
     """Write a secret that could not be stored to a new 0600 file (folder 0700); fsynced."""
+    name = f"{phone_number_id}-{at.strftime('%Y%m%dT%H%M%SZ')}-{label.split(':')[-1]}.secret"
+    return _private_file(home, name, secret.encode("utf-8") + b"\n")
+
+
+def rescue_answer_to_file(home: Path, phone_number_id: str, data: dict[str, Any],
+                          at: datetime) -> Path:
+    """Write the ``data`` of a rotate answer that held no secret where it was looked for
+    to a new 0600 file, as JSON: the new secret is in there, under a field of its own."""
+    name = f"{phone_number_id}-{at.strftime('%Y%m%dT%H%M%S.%fZ')}.answer.json"
+    content = json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    return _private_file(home, name, content.encode("utf-8"))
+
+
+def _private_file(home: Path, name: str, content: bytes) -> Path:
+    """A new file only its owner reads, in a folder only its owner enters; fsynced, and so
+    is the folder's entry for it."""
     folder = home / RESCUE_DIR
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(folder, 0o700)
-    name = f"{phone_number_id}-{at.strftime('%Y%m%dT%H%M%SZ')}-{label.split(':')[-1]}.secret"
     path = folder / name
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        os.write(fd, secret.encode("utf-8") + b"\n")
+        os.write(fd, content)
         os.fsync(fd)
     finally:
         os.close(fd)
+    directory = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
     return path.resolve()
 
 
@@ -143,6 +176,30 @@ class ChatOps:
 
 def _answer(status: int, **body: Any) -> JSONResponse:
     return JSONResponse(body, status_code=status)
+
+
+@dataclass(frozen=True, slots=True)
+class UnreadAnswer:
+    """A rotation whose answer held no secret in the configured field, and the file its
+    ``data`` was kept in (None: writing that failed too)."""
+
+    error: SecretFieldMissing
+    rescued_to: Path | None
+
+
+async def rescue_answer(home: Path, phone_number_id: str,
+                        exc: SecretFieldMissing) -> Path | None:
+    """Keep an answer that held no readable secret; None (logged) when that fails."""
+    try:
+        path = await asyncio.to_thread(rescue_answer_to_file, home, phone_number_id,
+                                       exc.reveal_data(), datetime.now(UTC))
+    except OSError as io_error:
+        log.error("chat_secret.answer_lost", phone_number_id=phone_number_id,
+                  fields=exc.fields, error=type(io_error).__name__)
+        return None
+    log.error("chat_secret.answer_rescued", phone_number_id=phone_number_id,
+              fields=exc.fields, path=str(path))
+    return path
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +226,7 @@ async def rescue(home: Path, exc: SecretNotStored) -> Path | None:
 
 
 async def rotate_or_rescue(ops: ChatOps, make_api: Callable[[], ChatApi],
-                           phone_number_id: str) -> Rotated | Unstored:
+                           phone_number_id: str) -> Rotated | Unstored | UnreadAnswer:
     """Rotate, and rescue a secret that could not be stored, as ONE piece of work.
 
     The route shields this from a caller who hangs up; the rescue belongs inside the shield,
@@ -180,6 +237,8 @@ async def rotate_or_rescue(ops: ChatOps, make_api: Callable[[], ChatApi],
             return await rotate(api, ops.secrets, ops.ledger, phone_number_id, via="admin")
     except SecretNotStored as exc:
         return Unstored(exc, await rescue(ops.home, exc))
+    except SecretFieldMissing as exc:
+        return UnreadAnswer(exc, await rescue_answer(ops.home, phone_number_id, exc))
 
 
 async def admin_rotate_secret(request: Request) -> Response:
@@ -205,6 +264,8 @@ async def admin_rotate_secret(request: Request) -> Response:
         return _answer(502, error="provider_refused", detail=str(exc), code=exc.code)
     except ChatApiError as exc:
         return _answer(502, error="provider_answer_unusable", detail=str(exc))
+    if isinstance(outcome, UnreadAnswer):
+        return _unread_answer(phone_number_id, outcome)
     if isinstance(outcome, Unstored):
         error = outcome.error
         if outcome.rescued_to is None:
@@ -221,6 +282,25 @@ async def admin_rotate_secret(request: Request) -> Response:
                            "<file>', then delete the file."))
     return _answer(200, phone_number_id=outcome.phone_number_id, label=outcome.label,
                    rotated_at=outcome.at.isoformat(), recorded=outcome.recorded)
+
+
+def _unread_answer(phone_number_id: str, outcome: UnreadAnswer) -> JSONResponse:
+    error = outcome.error
+    if outcome.rescued_to is None:
+        return _answer(502, error=error.reason, phone_number_id=phone_number_id,
+                       fields=error.fields, detail=(
+                           f"{error}; keeping the answer in a rescue file failed too. Set "
+                           "HOOKLEDGER_CHAT_ROTATE_SECRET_FIELD to the field that holds the "
+                           "secret and rotate again; deliveries signed with the new secret "
+                           "are refused meanwhile and retried by the provider."))
+    return _answer(502, error=error.reason, phone_number_id=phone_number_id,
+                   fields=error.fields, rescued_to=str(outcome.rescued_to), detail=(
+                       f"{error}. The provider already signs with the new secret; its answer "
+                       "was written to the rescue file (mode 0600). Store the secret from it "
+                       f"with 'hookledger chat store-secret {phone_number_id} --from-file "
+                       "<file> --field <the field that holds it>', set "
+                       "HOOKLEDGER_CHAT_ROTATE_SECRET_FIELD to that field, then delete the "
+                       "file."))
 
 
 ROTATE_RESPONSE_SCHEMA = {"type": "object", "properties": {

@@ -241,14 +241,63 @@ def test_admin_route_needs_the_token_and_refuses_when_the_provider_refuses(
     assert "not-the-key-5b1e" not in answer.text
 
 
-def test_a_renamed_answer_field_is_reported_not_crashed_on(
+def test_a_renamed_answer_field_keeps_the_answer_and_store_secret_takes_the_secret_from_it(
         sandbox: Sandbox, db_url: str, tmp_path: Path) -> None:
+    """The spec does not name the rotate answer's field. With the wrong guess the provider
+    has rotated all the same: the answer (holding the secret, shown once) was thrown away,
+    and every new delivery was refused until someone rotated again."""
     env = cli_env(db_url, sandbox.url, str(tmp_path),
                   HOOKLEDGER_CHAT_ROTATE_SECRET_FIELD="webhookSecret")
     result = invoke(["chat", "rotate-secret", PHONE], env)
-    assert result.exit_code == 1
-    assert "data.webhookSecret" in result.stderr and "rotate again" in result.stderr
-    assert sandbox.state.number(PHONE).secret not in result.output  # type: ignore[union-attr]
+    assert result.exit_code == 3, result.output
+    new_secret = sandbox.state.number(PHONE).secret  # type: ignore[union-attr]
+    assert new_secret != OLD_SECRET and new_secret not in result.output
+    assert "data.webhookSecret" in result.stderr
+    assert "(fields: phoneNumberId, secret)" in result.stderr
+    [kept] = (tmp_path / "rescued-secrets").iterdir()
+    assert str(kept.resolve()) in result.stderr and kept.name.endswith(".answer.json")
+    assert stat.S_IMODE(os.stat(kept).st_mode) == 0o600
+    assert json.loads(kept.read_text()) == {"phoneNumberId": PHONE, "secret": new_secret}
+    assert new_secret not in stored_secrets(db_url)
+
+    unnamed = invoke(["chat", "store-secret", PHONE, "--from-file", str(kept)], env)
+    assert unnamed.exit_code == 1 and "--field" in unnamed.stderr
+    wrong = invoke(["chat", "store-secret", PHONE, "--from-file", str(kept), "--field", "x"],
+                   env)
+    assert wrong.exit_code == 1 and "(fields: phoneNumberId, secret)" in wrong.stderr
+    assert new_secret not in unnamed.output + wrong.output
+    assert new_secret not in stored_secrets(db_url)
+
+    stored = invoke(["chat", "store-secret", PHONE, "--from-file", str(kept),
+                     "--field", "secret"], env)
+    assert stored.exit_code == 0, stored.output
+    assert new_secret not in stored.output
+    assert stored_secrets(db_url)[new_secret] is None
+
+
+def test_admin_rotation_with_a_renamed_answer_field_keeps_the_answer_in_a_private_file(
+        sandbox: Sandbox, db_url: str, tmp_path: Path) -> None:
+    with running_service(db_url, chat_secrets={PHONE: OLD_SECRET}, rotation_grace_s=GRACE_S,
+                         api_base_url=sandbox.url, api_key=API_KEY, admin_token=ADMIN_TOKEN,
+                         home=tmp_path, chat_rotate_secret_field="webhookSecret") as base:
+        sandbox.state.set_webhook_url(PHONE, f"{base}/webhooks/chat/{PHONE}")
+        answer = admin_rotate(base)
+        new_secret = sandbox.state.number(PHONE).secret  # type: ignore[union-attr]
+        assert answer.status_code == 502 and new_secret not in answer.text
+        body = answer.json()
+        assert body["error"] == "no_secret_in_answer"
+        assert body["fields"] == ["phoneNumberId", "secret"]
+        kept = Path(body["rescued_to"])
+        assert kept.parent == (tmp_path / "rescued-secrets").resolve()
+        assert stat.S_IMODE(os.stat(kept).st_mode) == 0o600
+        assert stat.S_IMODE(os.stat(kept.parent).st_mode) == 0o700
+
+        result = invoke(["chat", "store-secret", PHONE, "--from-file", str(kept),
+                         "--field", "secret"], cli_env(db_url, sandbox.url, str(tmp_path)))
+        assert result.exit_code == 0, result.output
+        raw = encode(inbound(message_id="wamid.FROM-ANSWER"))
+        wait_for(lambda: post_chat(base, PHONE, raw, new_secret,
+                                   delivery_id="from-answer").status_code == 200, timeout_s=5)
 
 
 def test_a_malformed_envelope_is_a_clear_error(sandbox: Sandbox, db_url: str,
