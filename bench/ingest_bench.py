@@ -526,8 +526,10 @@ def measure(seconds: float, connections: int, scale_events: int, fixed_rate: int
                 checks[checked("ledger_vs_2xx", r)] = [ledger_count(url, f"HM{r}"),
                                                        our_runs[-1].ok]
                 caught_up = settle(url)
+                off = (f" (projector off: {off_runs[-1].rate:,.0f} req/s)"
+                       if off_url is not None else "")
                 print(f"  round {r + 1}/{rounds}: bare {bare_runs[-1].rate:,.0f} req/s, "
-                      f"hookledger {our_runs[-1].rate:,.0f} req/s; projector caught up "
+                      f"hookledger {our_runs[-1].rate:,.0f} req/s{off}; projector caught up "
                       f"{caught_up:.1f} s after", flush=True)
                 if not last:
                     peak_rss = max(peak_rss, rss.peak_mib)
