@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import structlog
 
-from ingest.spool import Spool
+from ingest.spool import Spool, encode_event
 from ledger import AppendResult, LedgerError, LedgerUnavailable, NewEvent
 
 log = structlog.get_logger("hookledger.ingest")
@@ -269,7 +269,8 @@ class BatchingAppender:
                         *, refuse: bool = True) -> bool:
         """Spool the batch and answer it. When the disk cannot take it, ``refuse`` answers
         it unavailable (neither the database nor the disk: now it is 503); else it is left
-        unanswered, for the caller to try the database. Whether it was spooled."""
+        unanswered, for the caller to try the database. An event it cannot encode is
+        refused alone (:func:`_spoolable`). Whether it was spooled (or answered)."""
         assert self._spool is not None
         try:
             await asyncio.to_thread(self._spool.write, [event for event, _ in batch])
@@ -279,12 +280,37 @@ class BatchingAppender:
                 for _, future in batch:
                     _settle(future, exc=LedgerUnavailable(f"spool failed: {type(exc).__name__}"))
             return False
+        except Exception:
+            # not the disk: an event the spool cannot encode (a bug, but one event's), met
+            # before a byte is written. It sank the whole batch (answered 503, lost), where
+            # the database's way fails it alone (_commit): so it does here too
+            rest = _spoolable(batch)
+            if len(rest) == len(batch):
+                raise
+            log.exception("appender.event_failed", events=len(batch) - len(rest))
+            return await self._to_spool(rest, refuse=refuse) if rest else True
         self.spooled += len(batch)
         for _, future in batch:
             _settle(future, result=AppendResult(0, duplicate=False, spooled=True))
         if self._on_spooled is not None:
             self._on_spooled()
         return True
+
+
+def _spoolable(batch: list[tuple[NewEvent, asyncio.Future[AppendResult]]]
+               ) -> list[tuple[NewEvent, asyncio.Future[AppendResult]]]:
+    """The items of ``batch`` whose event the spool can encode. Each other one's caller
+    hears it refused (a :class:`LedgerError`, not unavailable), as the database's way says
+    it, so ingest keeps the delivery by its raw bytes rather than answer 503."""
+    rest: list[tuple[NewEvent, asyncio.Future[AppendResult]]] = []
+    for event, future in batch:
+        try:
+            encode_event(event)
+        except Exception as exc:  # noqa: BLE001 - whatever the encoder meets is that event's
+            _settle(future, exc=LedgerError(f"the spool cannot encode this event: {exc}"))
+        else:
+            rest.append((event, future))
+    return rest
 
 
 def _answered(future: asyncio.Future[AppendResult]) -> bool:

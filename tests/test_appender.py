@@ -11,7 +11,7 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from ingest.appender import BatchingAppender
-from ingest.spool import Spool
+from ingest.spool import Spool, read_records
 from ingest.spool_drain import SpoolDrainer
 from ledger import AppendResult, LedgerError, LedgerStore, LedgerUnavailable, NewEvent
 from tests.projection_events import new_event
@@ -262,3 +262,28 @@ async def test_a_delivery_the_full_spool_cannot_take_behind_its_backlog_is_commi
     assert not result.spooled and result.position > 0
     assert await stored_keys(pool) == [KEYS[1]]
     assert spool.backlog == 1  # still drained afterwards, in its own order
+
+
+@pytest.mark.anyio
+async def test_an_event_the_spool_cannot_encode_fails_alone(tmp_path: Path) -> None:
+    """With the database away a batch goes to the spool. An event the writer cannot encode
+    (a bug upstream, but one event's) sank the whole batch there, every caller answered
+    503, though on the database's way it fails alone. Now only its caller hears it refused,
+    as there (ingest then keeps it by its raw bytes), and the others are spooled."""
+    async def database_away(events: Sequence[NewEvent]) -> list[AppendResult]:
+        raise LedgerUnavailable("database unavailable: OperationalError")
+
+    poison = replace(EVENTS[1], facts={**EVENTS[1].facts, "oops": object()})
+    spool = Spool(tmp_path)
+    appender = BatchingAppender(database_away, spool=spool, max_wait_s=0.05)
+    appender.start()
+    done = await asyncio.gather(*(appender.append(e) for e in [EVENTS[0], poison, EVENTS[2]]),
+                                return_exceptions=True)
+    await appender.close()
+    assert isinstance(done[1], LedgerError) and not isinstance(done[1], LedgerUnavailable)
+    assert [isinstance(r, AppendResult) and r.spooled for r in (done[0], done[2])] \
+        == [True, True], done
+    spool.seal()
+    spooled = [e.dedupe_key for _, handle in spool.drainable()
+               for e in read_records(handle.read())[0]]
+    assert spooled == [KEYS[0], KEYS[2]]
