@@ -199,8 +199,14 @@ class Spool:
             handle.close()
             hidden.unlink(missing_ok=True)
             raise
+        try:
+            _fsync_folder(self.folder)  # the new name itself must survive a power cut
+        except BaseException:
+            # kept in use, it took every later record, each answered 200 under a name never
+            # made durable. Let go empty and unlocked instead: a drain removes it
+            handle.close()
+            raise
         self._file, self._path = handle, path
-        _fsync_folder(self.folder)  # the new name itself must survive a power cut
 
     def quarantine(self, event: NewEvent) -> None:
         """Keep an event the ledger refused, in the spool's format, for a person to look at.

@@ -507,3 +507,28 @@ def test_a_record_of_a_large_body_the_service_accepts_is_read_back_not_skipped()
     big = dataclasses.replace(event(1), payload_json=body.decode(), raw_body=body)
     back, damage = read_records(encode_event(big))
     assert damage == [] and back == [big]
+
+
+def test_a_file_whose_name_could_not_be_made_durable_takes_no_record(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A record is acknowledged only once its bytes and its file's name in the folder are
+    fsynced. A folder fsync that failed as a file was named left that file in use: later
+    records went into it and were answered 200, its name never made durable. Such a file
+    now takes no record; the next write names a new one and fsyncs the folder for it."""
+    spool = Spool(tmp_path)
+    synced: list[Path] = []
+    failures = [OSError(5, "Input/output error")]
+
+    def fsync_folder(folder: Path) -> None:
+        if failures:
+            raise failures.pop()
+        synced.append(folder)
+
+    monkeypatch.setattr("ingest.spool._fsync_folder", fsync_folder)
+    with pytest.raises(OSError):
+        spool.write([event(1)])
+    spool.write([event(2)])
+    assert synced == [tmp_path]  # the name the acknowledged record went under
+    spool.seal()
+    back = [e for _, handle in spool.drainable() for e in read_records(handle.read())[0]]
+    assert back == [event(2)]
