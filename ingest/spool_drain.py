@@ -145,9 +145,10 @@ class SpoolDrainer:
             self._wakeup.clear()
             if self._stop.is_set():
                 break
-            if self._spool.depth() == 0:
-                continue
-            try:
+            try:  # the look at the folder too: an OSError there (EMFILE, EIO) ended this
+                # task for good, and the backlog, and every delivery spooled behind it, with it
+                if self._spool.depth() == 0:
+                    continue
                 await self.drain_once()
                 if self._spool.backlog:  # more arrived while draining: keep going
                     self._wakeup.set()

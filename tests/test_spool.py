@@ -26,7 +26,7 @@ from ingest.chat_body import DeliveryMeta, read_chat_or_malformed
 from ingest.json_body import parse_object
 from ingest.spool import QUARANTINE, Spool, encode_event, read_records
 from ingest.spool_drain import CHUNK_BYTES, SpoolDrainer, chunks, event_bytes
-from ledger import LedgerStore, NewEvent
+from ledger import AppendResult, LedgerStore, NewEvent
 from tests.chat_events import PHONE, chat_header, inbound
 from tests.chat_events import encode as chat_encode
 from tests.dbutil import refuse_event_type
@@ -532,3 +532,37 @@ def test_a_file_whose_name_could_not_be_made_durable_takes_no_record(
     spool.seal()
     back = [e for _, handle in spool.drainable() for e in read_records(handle.read())[0]]
     assert back == [event(2)]
+
+
+@pytest.mark.anyio
+async def test_a_failing_look_at_the_spool_folder_does_not_stop_the_drainer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each round first asks how much waits in the spool, outside the round's own error
+    handling: one OSError there (EMFILE under load, EIO) ended the drainer's task for
+    good, and with its backlog never drained every later delivery was spooled behind it,
+    none reaching the ledger until a restart. The round is tried again instead."""
+    spool = Spool(tmp_path)
+    spool.write([event(1)])
+    appended: list[NewEvent] = []
+
+    async def append_many(events: Any) -> Any:
+        appended.extend(events)
+        return [AppendResult(i + 1, duplicate=False) for i in range(len(events))]
+
+    failures = [OSError(24, "Too many open files")]
+    real_depth = spool.depth
+
+    def depth() -> int:
+        if failures:
+            raise failures.pop()
+        return real_depth()
+
+    monkeypatch.setattr(spool, "depth", depth)
+    drainer = SpoolDrainer(spool, append_many, interval_s=0.01)
+    drainer.start()
+    for _ in range(200):
+        if appended:
+            break
+        await asyncio.sleep(0.01)
+    assert [e.dedupe_key for e in appended] == [event(1).dedupe_key]
+    await drainer.stop()
