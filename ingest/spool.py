@@ -237,7 +237,7 @@ class Spool:
         ledger before that file's, out of the order they were written in."""
         self._sweep_unnamed()
         held: set[str] = set()  # writers one of whose files another process holds
-        for path in sorted(self.folder.glob("spool-*.hls"), key=_age):
+        for path in _in_order(list(self.folder.glob("spool-*.hls"))):
             if path == self._path or _writer(path) in held:
                 continue
             try:
@@ -311,6 +311,24 @@ def _durable_folder(folder: Path) -> None:
 def _writer(path: Path) -> str:
     """The process start that wrote ``path``: its name without the generation."""
     return path.name.rsplit("-", 1)[0]
+
+
+def _generation(path: Path) -> tuple[int, str]:
+    """Where ``path`` comes among its writer's files: the generation in its name."""
+    tail = path.stem.rsplit("-", 1)[-1]
+    return (int(tail) if tail.isdigit() else -1), path.name
+
+
+def _in_order(paths: list[Path]) -> list[Path]:
+    """``paths`` oldest first by modification time, but each writer's own files in the
+    order it wrote them. By the times alone, a clock set back between two files of one
+    writer (an NTP step, a restored VM) put its later file first, and its events reached
+    the ledger ahead of the earlier file's. Each writer's files fill the places the times
+    give them, in generation order."""
+    queues: dict[str, list[Path]] = {}
+    for path in sorted(paths, key=_generation, reverse=True):
+        queues.setdefault(_writer(path), []).append(path)
+    return [queues[_writer(path)].pop() for path in sorted(paths, key=_age)]
 
 
 def _age(path: Path) -> tuple[float, str]:

@@ -566,3 +566,20 @@ async def test_a_failing_look_at_the_spool_folder_does_not_stop_the_drainer(
         await asyncio.sleep(0.01)
     assert [e.dedupe_key for e in appended] == [event(1).dedupe_key]
     await drainer.stop()
+
+
+def test_a_writers_files_drain_in_the_order_it_wrote_them_whatever_their_times(
+        tmp_path: Path) -> None:
+    """Files were drained oldest modification time first. A clock set back between two of
+    a writer's files (an NTP step, a restored VM) gave its later file the earlier time, and
+    its events reached the ledger before the earlier file's. A writer's own files now go in
+    the order it wrote them (their generation), in the places the times give its files."""
+    writer = Spool(tmp_path, owner="w")
+    for i in range(1, 4):
+        writer.write([event(i)])
+        writer.seal()
+    now = time.time()
+    for age, path in zip([10, 30, 20], sorted(tmp_path.glob("spool-*.hls")), strict=True):
+        os.utime(path, (now - age, now - age))
+    order = [read_records(handle.read())[0] for _, handle in Spool(tmp_path).drainable()]
+    assert order == [[event(1)], [event(2)], [event(3)]]
