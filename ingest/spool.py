@@ -223,8 +223,10 @@ class Spool:
         new one, and this one can be drained."""
         with self._lock:
             if self._file is not None:
-                self._file.close()
-                self._file = self._path = None
+                try:  # a record a full disk refused stays buffered, and fails the close too
+                    self._file.close()
+                finally:  # closed all the same: kept, every write raised ValueError till
+                    self._file = self._path = None  # the next seal, answered 503
 
     def close(self) -> None:
         self.seal()

@@ -583,3 +583,25 @@ def test_a_writers_files_drain_in_the_order_it_wrote_them_whatever_their_times(
         os.utime(path, (now - age, now - age))
     order = [read_records(handle.read())[0] for _, handle in Spool(tmp_path).drainable()]
     assert order == [[event(1)], [event(2)], [event(3)]]
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_a_file_whose_close_failed_is_let_go_and_the_next_write_starts_another(
+        tmp_path: Path) -> None:
+    """A record a full disk refused stays in the file's buffer, so sealing the file fails
+    too (its close flushes it again), though the file is closed. The spool kept it as its
+    file: every write until the next seal raised ValueError, not OSError, so it was
+    answered 503 where the database or the freed disk could have taken it. Now a seal
+    always lets the file go, and the next write starts another."""
+    spool = Spool(tmp_path)
+    spool.write([event(1)])
+    assert spool._file is not None
+    spool._file.close()
+    spool._file = open("/dev/full", "wb")  # a file on a disk that is full
+    spool._file.write(b"HLS1")  # a record the disk refused, still in the buffer
+    with pytest.raises(OSError):
+        spool.seal()
+    spool.write([event(2)])
+    spool.seal()
+    back = [e for _, handle in spool.drainable() for e in read_records(handle.read())[0]]
+    assert back == [event(1), event(2)]
