@@ -36,8 +36,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import structlog
+
 from ledger import NewEvent
 from ledger.jsonenc import dumps
+
+log = structlog.get_logger("hookledger.spool")
 
 MAGIC = b"HLS1"
 HEADER = struct.Struct(">4sII")
@@ -139,6 +143,7 @@ class Spool:
         self._path: Path | None = None
         self._lock = threading.Lock()  # writes run in a worker thread, seals on the loop
         self._written: dict[Path, int] = {}  # our files not yet drained -> their records
+        self._unreadable: set[Path] = set()  # files drainable() could not open, told once
         self._sweep_unnamed()  # what a crash of an earlier start left
 
     @property
@@ -245,6 +250,15 @@ class Spool:
             try:
                 handle = open(path, "rb")
             except FileNotFoundError:
+                continue
+            except OSError as exc:
+                # one file this process cannot read (another user's, a disk error) failed
+                # every round, and every file after it waited for ever: only its own
+                # writer's later files wait now, as behind a held one; it stays for a person
+                if path not in self._unreadable:  # every drain round meets it again
+                    self._unreadable.add(path)
+                    log.error("spool.unreadable", path=str(path), error=type(exc).__name__)
+                held.add(_writer(path))
                 continue
             try:
                 try:

@@ -605,3 +605,20 @@ def test_a_file_whose_close_failed_is_let_go_and_the_next_write_starts_another(
     spool.seal()
     back = [e for _, handle in spool.drainable() for e in read_records(handle.read())[0]]
     assert back == [event(1), event(2)]
+
+
+def test_a_file_this_process_cannot_read_holds_back_only_its_own_writers_later_files(
+        tmp_path: Path) -> None:
+    """Opening a spool file failed with anything but FileNotFoundError (another user's
+    file, a disk error) every round, and no file after it was ever drained. Now it waits
+    for a person, with its own writer's later files behind it (their order is kept), and
+    other writers' files drain."""
+    x, y = Spool(tmp_path, owner="x"), Spool(tmp_path, owner="y")
+    for spool, first in ((x, 1), (x, 2), (y, 3)):
+        spool.write([event(first)])
+        spool.seal()
+    unreadable = min(tmp_path.glob("spool-x-*.hls"))
+    unreadable.unlink()
+    unreadable.mkdir()  # opening it fails for root too (IsADirectoryError)
+    drained = [read_records(handle.read())[0] for _, handle in Spool(tmp_path).drainable()]
+    assert drained == [[event(3)]]
