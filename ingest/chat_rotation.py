@@ -152,7 +152,9 @@ def _private_file(home: Path, name: str, content: bytes) -> Path:
     path = folder / name
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        os.write(fd, content)
+        written = 0
+        while written < len(content):  # a write may take only part of what it is given
+            written += os.write(fd, content[written:])
         os.fsync(fd)
     finally:
         os.close(fd)
