@@ -13,11 +13,11 @@
    after the first start with the earlier rounds' events in the ledger (under 200,000;
    the scaling run below has 5,000,000). After each run the ledger is counted against the
    number of 2xx answers: every acknowledged delivery must be there, once.
-2. **latency at a fixed rate**: both at a steady 1,000 req/s (open loop, from this process).
-   With ``--projector-off`` (the default), each round also measures ``serve`` with
+   Unless ``--no-projector-off`` is given, each round also measures ``serve`` with
    ``HOOKLEDGER_PROJECTOR=off`` on a database of its own (nothing there waits to be
    folded): the ingest path alone, so the table shows how much of the ratio the projector
    takes and how much the ingest path itself leaves.
+2. **latency at a fixed rate**: both at a steady 1,000 req/s (open loop, from this process).
 3. **scaling**: a second database on the same server is filled to ``--scale-events`` events
    (server side, through the ledger's own trigger, with dedupe keys spread as real ones
    are), and hookledger is measured on it and on a third, empty one in ``--scale-rounds``

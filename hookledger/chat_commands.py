@@ -146,7 +146,7 @@ def _secret_from_file(from_file: Path, field: str | None) -> str:
         return text.strip()
     try:
         answer = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         _fail(f"{from_file} is not a JSON object, which --field reads; nothing changed")
     value = answer.get(field) if isinstance(answer, dict) else None
     if not isinstance(value, str) or not value.strip():
