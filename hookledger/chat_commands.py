@@ -10,6 +10,7 @@ import asyncio
 import json
 import sys
 from collections.abc import Callable
+from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import NoReturn
@@ -111,8 +112,6 @@ def _rescue_answer(settings: Settings, phone_number_id: str,
                    exc: SecretFieldMissing) -> NoReturn:
     """Keep the answer that holds the new secret under a field not looked in; never print
     it (unlike a secret in hand, which field holds it is for the operator to say)."""
-    from datetime import UTC, datetime
-
     try:
         path = rescue_answer_to_file(settings.home, phone_number_id, exc.reveal_data(),
                                      datetime.now(UTC))

@@ -46,6 +46,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from ingest.chat_api import ChatApi, ChatApiError
 from ingest.chat_body import MEDIA_KINDS
+from ingest.durable import fsync_folder
 from ledger import LedgerStore, NewEvent
 from ledger.jsonenc import dumps
 from ledger.sqlfiles import load
@@ -90,11 +91,7 @@ class MediaStore:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
                 raise
-            dir_fd = os.open(target.parent, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+            fsync_folder(target.parent)
         return StoredMedia(digest, len(content), relative.as_posix())
 
 

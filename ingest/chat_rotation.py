@@ -45,6 +45,7 @@ from ingest.chat_api import (
     SecretFieldMissing,
 )
 from ingest.chat_secrets import ChatSecretStore, fingerprint, valid_phone_number_id
+from ingest.durable import fsync_folder
 from ingest.errors import IngestError
 from ledger import LedgerError, LedgerStore, NewEvent
 from ledger.jsonenc import dumps
@@ -158,11 +159,7 @@ def _private_file(home: Path, name: str, content: bytes) -> Path:
         os.fsync(fd)
     finally:
         os.close(fd)
-    directory = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+    fsync_folder(folder)
     return path.resolve()
 
 

@@ -38,6 +38,7 @@ from typing import Any, BinaryIO
 
 import structlog
 
+from ingest.durable import fsync_folder as _fsync_folder
 from ledger import NewEvent
 from ledger.jsonenc import dumps
 
@@ -301,16 +302,6 @@ class Spool:
             except FileNotFoundError:
                 pass
         return total
-
-
-def _fsync_folder(folder: Path) -> None:
-    """Make the names in ``folder`` (a file just created or renamed there) durable: a
-    file's own fsync does not write its directory entry."""
-    dir_fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def _durable_folder(folder: Path) -> None:
