@@ -30,8 +30,9 @@
 wrk comes from the distribution (``apt-get install wrk``); without it the load comes from
 ``bench/loadgen.py`` in this process, and the table says so.
 
-Every measured load starts with the machine quiet (:func:`quiesce`): the operating system
-has written out what earlier loads left dirty in its page cache. A 15 s saturating run leaves
+Every measured load starts with the machine quiet (:func:`quiesce`): PostgreSQL has
+checkpointed (where the role may) and the operating system has written out what earlier
+loads left dirty in its page cache. A 15 s saturating run leaves
 about 600 MB; the kernel writes it back some 30 s later, and a load measured meanwhile
 waits on that disk traffic at every commit (a 1,000 req/s run measured p99 200 ms, against
 13 ms once synced). Each system is measured on its own, not on the previous one's I/O debt.
@@ -62,7 +63,7 @@ import httpx
 import psycopg
 
 from bench.bare_endpoint import TABLE_DDL
-from bench.checkpoints import checkpoint_activity
+from bench.checkpoints import checkpoint, checkpoint_activity
 from bench.checkpoints import described as checkpoints_described
 from bench.common import fresh_database, sibling_database
 from bench.disk_probe import DiskFigures, DiskProbe, described
@@ -332,9 +333,11 @@ def settle(url: str, timeout: float = 180) -> float:
     return time.perf_counter() - started
 
 
-def quiesce() -> None:
-    """Write out the page cache's dirty data (the previous load's), then let the disk
-    settle, so the next measurement carries no earlier load's write-back."""
+def quiesce(url: str) -> None:
+    """Write out the server's dirty buffers (a checkpoint) and the page cache's dirty data
+    (the previous load's), then let the disk settle, so the next measurement carries no
+    earlier load's write-back."""
+    checkpoint(url)
     os.sync()
     time.sleep(0.5)
 
@@ -449,7 +452,7 @@ def measure(seconds: float, connections: int, scale_events: int, fixed_rate: int
             measured = count == per_run
             duration = seconds if measured else max(1.0, seconds / 4)
             if measured:
-                quiesce()
+                quiesce(url)
             elif use_wrk:  # a warm-up: enough distinct deliveries for its whole duration
                 count = int(ceiling * duration)
             # cores busy and CPU per delivery, so a ratio can be read as both
@@ -478,7 +481,7 @@ def measure(seconds: float, connections: int, scale_events: int, fixed_rate: int
 
         def fixed(label: str, port: int, tag: str) -> Load:
             bodies = [delivery(tag, i) for i in range(int(fixed_rate * fixed_seconds))]
-            quiesce()
+            quiesce(url)
             return python_load(label, port, bodies, rate=fixed_rate, connections=32)
 
         bare_label = "bare endpoint (2 workers, INSERT per request)"
@@ -543,7 +546,7 @@ def measure(seconds: float, connections: int, scale_events: int, fixed_rate: int
                 chat_requests = [
                     post_request("127.0.0.1", CHAT_PATH, raw, chat_headers("CF", i, raw))
                     for i, raw in enumerate(chat_delivery("CF", i) for i in range(chat_count_sent))]
-                quiesce()
+                quiesce(url)
                 rows.append(python_load(f"hookledger chat at {fixed_rate}/s", port, [],
                                         rate=fixed_rate, connections=32,
                                         requests=chat_requests))

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-import psycopg
+import uuid
 
-from bench.checkpoints import CheckpointActivity, checkpoint_activity, described
+import psycopg
+import pytest
+from psycopg.conninfo import make_conninfo
+
+from bench.checkpoints import CheckpointActivity, checkpoint, checkpoint_activity, described
 
 
 def test_a_checkpoint_and_new_wal_are_counted_between_two_readings(db_url: str) -> None:
@@ -36,3 +40,29 @@ def test_a_row_of_rounds_is_described_round_by_round() -> None:
     assert line.startswith("checkpoints begun 1, buffers written by checkpoints 2,743, "
                            "WAL files added ?")
     assert line.endswith("36.8 ms / 0 / 13, 51.55 ms / 2,743 / ?")
+
+
+def test_a_load_can_start_from_a_checkpoint(db_url: str) -> None:
+    """The bench checkpoints before each measured load, so that a fill's dirty buffers are
+    not written out during whichever round comes next."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE dirtied AS SELECT g FROM generate_series(1, 5000) AS g")
+    before = checkpoint_activity(db_url)
+    assert checkpoint(db_url) is True
+    assert checkpoint_activity(db_url).since(before).begun >= 1
+
+
+def test_a_role_that_may_not_checkpoint_is_told_apart(db_url: str) -> None:
+    role = f"bench_no_checkpoint_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN")
+    try:
+        try:
+            with psycopg.connect(db_url, user=role):
+                pass
+        except psycopg.OperationalError:
+            pytest.skip("the test server asks this new role for a password")
+        assert checkpoint(make_conninfo(db_url, user=role)) is False
+    finally:
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            conn.execute(f"DROP ROLE {role}")
