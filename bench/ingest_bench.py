@@ -447,6 +447,10 @@ def measure(seconds: float, connections: int, scale_events: int, fixed_rate: int
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(TABLE_DDL)
         postgres_version = server_version(url)
+        checkpointed = checkpoint(url)  # quiesce() checkpoints again before every load
+        if not checkpointed:
+            print("this role may not CHECKPOINT (a superuser or pg_checkpoint may): each "
+                  "load starts with whatever the server has left to write", flush=True)
 
         def load(label: str, port: int, tag: str, count: int) -> Load:
             measured = count == per_run
@@ -618,6 +622,7 @@ def measure(seconds: float, connections: int, scale_events: int, fixed_rate: int
         "ratio_rounds": [round(x, 2) for x in ratios],
         "ratio_parts": parts if any(parts) else [],  # round by round, None where unread
         "checks": checks, "memory": memory,
+        "checkpoint_before_loads": checkpointed,
     }
     if off_runs:
         figures["ratio_projector_off_vs_bare"] = round(statistics.median(off_ratios), 2) \

@@ -58,6 +58,8 @@ def test_every_benchmark_runs_at_smoke_size_and_counts_what_it_acknowledged(
         abs=0.011)
     assert ingest["ratio_projector_off_vs_bare"] == pytest.approx(
         statistics.median(ingest["ratio_projector_off_rounds"]), abs=0.011)
+    if "HOOKLEDGER_BENCH_DATABASE_URL" not in os.environ:  # the embedded server's role may
+        assert ingest["checkpoint_before_loads"] is True
     assert any(row[0].strip().startswith("the ingest path alone") for row in summary["rows"])
     for name, (stored, acknowledged) in ingest["checks"].items():
         assert acknowledged > 0 and stored >= acknowledged, name
