@@ -152,13 +152,10 @@ def _private_file(home: Path, name: str, content: bytes) -> Path:
     os.chmod(folder, 0o700)
     path = folder / name
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        written = 0
-        while written < len(content):  # a write may take only part of what it is given
-            written += os.write(fd, content[written:])
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    with os.fdopen(fd, "wb") as out:  # a buffered write takes all of it, as chat media's does
+        out.write(content)
+        out.flush()
+        os.fsync(out.fileno())
     fsync_folder(folder)
     return path.resolve()
 
