@@ -38,7 +38,7 @@ from typing import Any, BinaryIO
 
 import structlog
 
-from ingest.durable import fsync_folder as _fsync_folder
+from ingest.durable import fsync_folder
 from ledger import NewEvent
 from ledger.jsonenc import dumps
 
@@ -206,7 +206,7 @@ class Spool:
             hidden.unlink(missing_ok=True)
             raise
         try:
-            _fsync_folder(self.folder)  # the new name itself must survive a power cut
+            fsync_folder(self.folder)  # the new name itself must survive a power cut
         except BaseException:
             # kept in use, it took every later record, each answered 200 under a name never
             # made durable. Let go empty and unlocked instead: a drain removes it
@@ -222,7 +222,7 @@ class Spool:
             handle.write(encode_event(event))
             handle.flush()
             os.fsync(handle.fileno())
-        _fsync_folder(self.folder)
+        fsync_folder(self.folder)
 
     def seal(self) -> None:
         """Close the file being written (its lock goes with it): the next write starts a
@@ -312,7 +312,7 @@ def _durable_folder(folder: Path) -> None:
     made = [parent for parent in folder.parents if not parent.exists()]
     folder.mkdir(parents=True, exist_ok=True)
     for name in (folder, *made):
-        _fsync_folder(name.parent)
+        fsync_folder(name.parent)
 
 
 def _writer(path: Path) -> str:

@@ -524,7 +524,7 @@ def test_a_file_whose_name_could_not_be_made_durable_takes_no_record(
             raise failures.pop()
         synced.append(folder)
 
-    monkeypatch.setattr("ingest.spool._fsync_folder", fsync_folder)
+    monkeypatch.setattr("ingest.spool.fsync_folder", fsync_folder)
     with pytest.raises(OSError):
         spool.write([event(1)])
     spool.write([event(2)])
