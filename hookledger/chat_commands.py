@@ -24,6 +24,8 @@ from ingest.chat_rotation import (
     Rotated,
     RotationError,
     SecretNotStored,
+    answer_kept_advice,
+    answer_lost_advice,
     keep_secret,
     rescue_answer_to_file,
     rotate,
@@ -116,15 +118,9 @@ def _rescue_answer(settings: Settings, phone_number_id: str,
         path = rescue_answer_to_file(settings.home, phone_number_id, exc.reveal_data(),
                                      datetime.now(UTC))
     except OSError as io_error:
-        _fail(f"{exc}. Keeping the answer failed too ({type(io_error).__name__}): set "
-              "HOOKLEDGER_CHAT_ROTATE_SECRET_FIELD to the field that holds the secret and "
-              "rotate again; until then the provider's new deliveries are refused.",
-              EXIT_SECRET_NOT_STORED)
-    _fail(f"WARNING: {exc}.\nThe provider already signs new deliveries with the new secret "
-          f"and will never show it again. Its answer was kept in {path} (mode 0600). Store "
-          f"the secret from it: 'hookledger chat store-secret {phone_number_id} --from-file "
-          f"{path} --field <the field that holds it>', set "
-          "HOOKLEDGER_CHAT_ROTATE_SECRET_FIELD to that field, then delete the file.",
+        _fail(f"{exc}. Keeping the answer failed too ({type(io_error).__name__}). "
+              f"{answer_lost_advice()}", EXIT_SECRET_NOT_STORED)
+    _fail(f"WARNING: {exc}.\n{answer_kept_advice(phone_number_id, path)}",
           EXIT_SECRET_NOT_STORED)
 
 

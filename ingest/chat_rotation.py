@@ -144,6 +144,23 @@ def rescue_answer_to_file(home: Path, phone_number_id: str, data: dict[str, Any]
     return _private_file(home, name, content.encode("utf-8"))
 
 
+def answer_kept_advice(phone_number_id: str, kept_in: Path) -> str:
+    """What an operator does with a rotate answer kept by :func:`rescue_answer_to_file`:
+    the same words from the CLI and the admin route."""
+    return ("The provider already signs new deliveries with the new secret and will never "
+            f"show it again. Its answer was kept in {kept_in} (mode 0600). Store the secret "
+            f"from it with 'hookledger chat store-secret {phone_number_id} --from-file "
+            f"{kept_in} --field <the field that holds it>', set "
+            "HOOKLEDGER_CHAT_ROTATE_SECRET_FIELD to that field, then delete the file.")
+
+
+def answer_lost_advice() -> str:
+    """What an operator does when such an answer could not be kept either."""
+    return ("Set HOOKLEDGER_CHAT_ROTATE_SECRET_FIELD to the field that holds the secret and "
+            "rotate again; deliveries signed with the new secret are refused meanwhile and "
+            "retried by the provider.")
+
+
 def _private_file(home: Path, name: str, content: bytes) -> Path:
     """A new file only its owner reads, in a folder only its owner enters; fsynced, and so
     is the folder's entry for it."""
@@ -285,18 +302,11 @@ def _unread_answer(phone_number_id: str, outcome: UnreadAnswer) -> JSONResponse:
     if outcome.rescued_to is None:
         return _answer(502, error=error.reason, phone_number_id=phone_number_id,
                        fields=error.fields, detail=(
-                           f"{error}; keeping the answer in a rescue file failed too. Set "
-                           "HOOKLEDGER_CHAT_ROTATE_SECRET_FIELD to the field that holds the "
-                           "secret and rotate again; deliveries signed with the new secret "
-                           "are refused meanwhile and retried by the provider."))
+                           f"{error}; keeping the answer in a rescue file failed too. "
+                           f"{answer_lost_advice()}"))
     return _answer(502, error=error.reason, phone_number_id=phone_number_id,
                    fields=error.fields, rescued_to=str(outcome.rescued_to), detail=(
-                       f"{error}. The provider already signs with the new secret; its answer "
-                       "was written to the rescue file (mode 0600). Store the secret from it "
-                       f"with 'hookledger chat store-secret {phone_number_id} --from-file "
-                       "<file> --field <the field that holds it>', set "
-                       "HOOKLEDGER_CHAT_ROTATE_SECRET_FIELD to that field, then delete the "
-                       "file."))
+                       f"{error}. {answer_kept_advice(phone_number_id, outcome.rescued_to)}"))
 
 
 ROTATE_RESPONSE_SCHEMA = {"type": "object", "properties": {

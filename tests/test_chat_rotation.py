@@ -256,6 +256,8 @@ def test_a_renamed_answer_field_keeps_the_answer_and_store_secret_takes_the_secr
     assert "(fields: phoneNumberId, secret)" in result.stderr
     [kept] = (tmp_path / "rescued-secrets").iterdir()
     assert str(kept.resolve()) in result.stderr and kept.name.endswith(".answer.json")
+    assert (f"'hookledger chat store-secret {PHONE} --from-file {kept.resolve()} --field "
+            "<the field that holds it>'") in result.stderr  # the command to run, whole
     assert stat.S_IMODE(os.stat(kept).st_mode) == 0o600
     assert json.loads(kept.read_text()) == {"phoneNumberId": PHONE, "secret": new_secret}
     assert new_secret not in stored_secrets(db_url)
@@ -291,6 +293,9 @@ def test_admin_rotation_with_a_renamed_answer_field_keeps_the_answer_in_a_privat
         assert kept.parent == (tmp_path / "rescued-secrets").resolve()
         assert stat.S_IMODE(os.stat(kept).st_mode) == 0o600
         assert stat.S_IMODE(os.stat(kept.parent).st_mode) == 0o700
+        # the same command the CLI gives, with the file named
+        assert (f"'hookledger chat store-secret {PHONE} --from-file {kept} --field "
+                "<the field that holds it>'") in body["detail"]
 
         result = invoke(["chat", "store-secret", PHONE, "--from-file", str(kept),
                          "--field", "secret"], cli_env(db_url, sandbox.url, str(tmp_path)))
