@@ -142,7 +142,10 @@ class Spool:
         self._generation = 0
         self._file: BinaryIO | None = None
         self._path: Path | None = None
-        self._lock = threading.Lock()  # writes run in a worker thread, seals on the loop
+        self._lock = threading.Lock()  # the file being written: held through each fsync
+        # the counts alone, so that ``backlog`` (read on the event loop) never waits for
+        # a write's fsync: that froze every connection of the worker for the fsync's time
+        self._counts_lock = threading.Lock()
         self._written: dict[Path, int] = {}  # our files not yet drained -> their records
         self._unreadable: set[Path] = set()  # files drainable() could not open, told once
         self._sweep_unnamed()  # what a crash of an earlier start left
@@ -160,13 +163,14 @@ class Spool:
         whoever did it. A count kept by hand here missed those, and left this process
         spooling every later delivery for good.
         """
-        with self._lock:
+        with self._counts_lock:
             for path in [p for p in self._written if p != self._path and not p.exists()]:
                 del self._written[path]
             return sum(self._written.values())
 
     def write(self, events: Sequence[NewEvent]) -> None:
-        """Append and fsync; return only when the records are on disk."""
+        """Append and fsync; return only when the records are on disk. They count in
+        :attr:`backlog` from then on, not while the fsync is in progress."""
         data = b"".join(encode_event(e) for e in events)
         with self._lock:
             if self._file is None:
@@ -176,12 +180,13 @@ class Spool:
             self._file.flush()
             os.fsync(self._file.fileno())
             assert self._path is not None
-            self._written[self._path] = self._written.get(self._path, 0) + len(events)
+            with self._counts_lock:
+                self._written[self._path] = self._written.get(self._path, 0) + len(events)
 
     def drained(self, path: Path) -> None:
         """``path`` is in the ledger and may go (its records leave whoever's backlog)."""
         path.unlink(missing_ok=True)
-        with self._lock:
+        with self._counts_lock:
             self._written.pop(path, None)
 
     def _open(self) -> None:

@@ -79,8 +79,11 @@ class SpoolDrainer:
 
     async def drain_once(self) -> int:
         """Seal the file being written, then append every drainable file; return how many
-        events were appended. Raises :class:`LedgerUnavailable` while the database is down."""
-        self._spool.seal()
+        events were appended. Raises :class:`LedgerUnavailable` while the database is down.
+
+        Sealed in a thread: sealing waits for a spool write in progress, fsync included, and
+        on the event loop that wait held every connection of the worker."""
+        await asyncio.to_thread(self._spool.seal)
         appended = 0
         for path, handle in self._spool.drainable():
             events, damage = read_records(handle.read(), path.name)

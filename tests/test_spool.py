@@ -90,6 +90,71 @@ async def test_a_backlog_of_large_bodies_drains_in_chunks_each_commit_can_finish
         assert [k for (k,) in await cur.fetchall()] == [e.dedupe_key for e in big]
 
 
+class SlowFsync:
+    """``os.fsync`` that holds the spool's write until released, as a slow disk does."""
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.release = threading.Event()
+        self._fsync = os.fsync
+
+    def __call__(self, fd: int) -> None:
+        self.started.set()
+        self.release.wait(10)
+        self._fsync(fd)
+
+
+def test_the_backlog_is_read_without_waiting_for_a_write_in_progress(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The appender reads ``backlog`` on the event loop: behind a write's fsync, every
+    connection of the worker waited for the disk."""
+    spool = Spool(tmp_path)
+    spool.write([event(1)])
+    slow = SlowFsync()
+    monkeypatch.setattr(os, "fsync", slow)
+    writer = threading.Thread(target=spool.write, args=([event(2), event(3)],))
+    writer.start()
+    try:
+        assert slow.started.wait(5)
+        started = time.monotonic()
+        during = spool.backlog
+        waited = time.monotonic() - started
+    finally:
+        slow.release.set()
+        writer.join(10)
+    assert waited < 1.0
+    assert during == 1  # counted once on disk: the write in progress is not yet
+    assert spool.backlog == 3
+
+
+@pytest.mark.anyio
+async def test_draining_never_holds_the_event_loop_behind_a_write_in_progress(
+        pool: AsyncConnectionPool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A drain seals the file being written first, which waits for a write in progress;
+    on the event loop that wait held every connection of the worker for the fsync."""
+    spool = Spool(tmp_path)
+    spool.write([event(1)])
+    slow = SlowFsync()
+    monkeypatch.setattr(os, "fsync", slow)
+    writer = threading.Thread(target=spool.write, args=([event(2)],))
+    writer.start()
+    try:
+        assert slow.started.wait(5)
+        drain = asyncio.ensure_future(SpoolDrainer(spool, LedgerStore(pool).append).drain_once())
+        started = time.monotonic()
+        await asyncio.sleep(0.05)  # the loop turns while the drain waits for the write
+        turned_after = time.monotonic() - started
+        assert not drain.done()
+    finally:
+        slow.release.set()
+        await asyncio.to_thread(writer.join, 10)
+    assert turned_after < 1.0
+    assert await drain == 2  # sealed after the write: both records drained
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT dedupe_key FROM hookledger.ledger ORDER BY position")
+        assert [k for (k,) in await cur.fetchall()] == ["general:spool-1", "general:spool-2"]
+
+
 def test_records_come_back_exactly_and_in_order() -> None:
     events = [event(i) for i in range(5)]
     back, damage = read_records(b"".join(encode_event(e) for e in events))
