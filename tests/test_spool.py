@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import fcntl
 import os
 import threading
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -90,18 +92,28 @@ async def test_a_backlog_of_large_bodies_drains_in_chunks_each_commit_can_finish
         assert [k for (k,) in await cur.fetchall()] == [e.dedupe_key for e in big]
 
 
-class SlowFsync:
-    """``os.fsync`` that holds the spool's write until released, as a slow disk does."""
+@contextlib.contextmanager
+def write_held_in_fsync(spool: Spool, events: list[NewEvent],
+                        monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """``spool.write(events)`` running in a thread, held in its fsync (as on a slow disk)
+    for the body of the ``with``; released and finished on the way out."""
+    started, release = threading.Event(), threading.Event()
+    real_fsync = os.fsync
 
-    def __init__(self) -> None:
-        self.started = threading.Event()
-        self.release = threading.Event()
-        self._fsync = os.fsync
+    def slow_fsync(fd: int) -> None:
+        started.set()
+        release.wait(10)
+        real_fsync(fd)
 
-    def __call__(self, fd: int) -> None:
-        self.started.set()
-        self.release.wait(10)
-        self._fsync(fd)
+    monkeypatch.setattr(os, "fsync", slow_fsync)
+    writer = threading.Thread(target=spool.write, args=(events,))
+    writer.start()
+    try:
+        assert started.wait(5)
+        yield
+    finally:
+        release.set()
+        writer.join(10)
 
 
 def test_the_backlog_is_read_without_waiting_for_a_write_in_progress(
@@ -110,18 +122,10 @@ def test_the_backlog_is_read_without_waiting_for_a_write_in_progress(
     connection of the worker waited for the disk."""
     spool = Spool(tmp_path)
     spool.write([event(1)])
-    slow = SlowFsync()
-    monkeypatch.setattr(os, "fsync", slow)
-    writer = threading.Thread(target=spool.write, args=([event(2), event(3)],))
-    writer.start()
-    try:
-        assert slow.started.wait(5)
+    with write_held_in_fsync(spool, [event(2), event(3)], monkeypatch):
         started = time.monotonic()
         during = spool.backlog
         waited = time.monotonic() - started
-    finally:
-        slow.release.set()
-        writer.join(10)
     assert waited < 1.0
     assert during == 1  # counted once on disk: the write in progress is not yet
     assert spool.backlog == 3
@@ -134,20 +138,12 @@ async def test_draining_never_holds_the_event_loop_behind_a_write_in_progress(
     on the event loop that wait held every connection of the worker for the fsync."""
     spool = Spool(tmp_path)
     spool.write([event(1)])
-    slow = SlowFsync()
-    monkeypatch.setattr(os, "fsync", slow)
-    writer = threading.Thread(target=spool.write, args=([event(2)],))
-    writer.start()
-    try:
-        assert slow.started.wait(5)
+    with write_held_in_fsync(spool, [event(2)], monkeypatch):
         drain = asyncio.ensure_future(SpoolDrainer(spool, LedgerStore(pool).append).drain_once())
         started = time.monotonic()
         await asyncio.sleep(0.05)  # the loop turns while the drain waits for the write
         turned_after = time.monotonic() - started
         assert not drain.done()
-    finally:
-        slow.release.set()
-        await asyncio.to_thread(writer.join, 10)
     assert turned_after < 1.0
     assert await drain == 2  # sealed after the write: both records drained
     async with pool.connection() as conn:
