@@ -40,10 +40,11 @@ ADMIN_ROUTES.append(AdminRoute(
     "/api/chat/{phone_number_id}/rotate-secret", "POST", admin_rotate_secret,
     "Rotate a number's chat secret through the provider and keep it (answers its label only)",
     responses={200: "rotated and stored", 400: "not a valid phone number id",
-               500: "issued but not stored: rescued to a 0600 file (see rescued_to)",
+               500: "issued but not stored: rescued to a 0600 file (see rescued_to; "
+                    "command is the shell line that stores it)",
                502: "the provider refused or answered unusably; one that rotated without "
                     "the secret where it was looked for is kept in a 0600 file (see "
-                    "rescued_to and fields)",
+                    "rescued_to, fields and command)",
                503: "API not configured or provider unavailable"},
     response_schema=ROTATE_RESPONSE_SCHEMA))
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -144,14 +145,36 @@ def rescue_answer_to_file(home: Path, phone_number_id: str, data: dict[str, Any]
     return _private_file(home, name, content.encode("utf-8"))
 
 
+FIELD_PLACEHOLDER = "FIELD"
+
+
+def store_secret_command(phone_number_id: str, kept_in: Path, *,
+                         field: str | None = None) -> str:
+    """The ``hookledger chat store-secret`` command that stores a secret kept in a file, as
+    a shell line: quoted, so that it runs as printed from any ``HOOKLEDGER_HOME`` (one with
+    a space in it, say). Pure."""
+    argv = ["hookledger", "chat", "store-secret", phone_number_id, "--from-file", str(kept_in)]
+    if field is not None:
+        argv += ["--field", field]
+    return shlex.join(argv)
+
+
 def answer_kept_advice(phone_number_id: str, kept_in: Path) -> str:
     """What an operator does with a rotate answer kept by :func:`rescue_answer_to_file`:
     the same words from the CLI and the admin route."""
+    command = store_secret_command(phone_number_id, kept_in, field=FIELD_PLACEHOLDER)
     return ("The provider already signs new deliveries with the new secret and will never "
-            f"show it again. Its answer was kept in {kept_in} (mode 0600). Store the secret "
-            f"from it with 'hookledger chat store-secret {phone_number_id} --from-file "
-            f"{kept_in} --field <the field that holds it>', set "
-            "HOOKLEDGER_CHAT_ROTATE_SECRET_FIELD to that field, then delete the file.")
+            f"show it again. Its answer was kept in {kept_in} (mode 0600). Set "
+            f"HOOKLEDGER_CHAT_ROTATE_SECRET_FIELD to the field that holds the secret, store "
+            f"the secret with the command below ({FIELD_PLACEHOLDER} being that field), then "
+            f"delete the file:\n{command}")
+
+
+def secret_kept_advice(phone_number_id: str, kept_in: Path) -> str:
+    """What an operator does with a secret kept by :func:`rescue_to_file`."""
+    return ("The provider already signs new deliveries with it. It was written to "
+            f"{kept_in} (mode 0600); once the database is fixed, store it with the command "
+            f"below, then delete the file:\n{store_secret_command(phone_number_id, kept_in)}")
 
 
 def answer_lost_advice() -> str:
@@ -288,11 +311,10 @@ async def admin_rotate_secret(request: Request) -> Response:
                                "once storage works; deliveries signed with it are refused "
                                "meanwhile and retried by the provider."))
         return _answer(500, error="secret_not_stored", phone_number_id=phone_number_id,
-                       label=error.label, rescued_to=str(outcome.rescued_to), detail=(
-                           f"{error}. The provider already signs with it. It was written to "
-                           "the rescue file (mode 0600); once the database is fixed run "
-                           f"'hookledger chat store-secret {phone_number_id} --from-file "
-                           "<file>', then delete the file."))
+                       label=error.label, rescued_to=str(outcome.rescued_to),
+                       command=store_secret_command(phone_number_id, outcome.rescued_to),
+                       detail=(f"{error}. "
+                               f"{secret_kept_advice(phone_number_id, outcome.rescued_to)}"))
     return _answer(200, phone_number_id=outcome.phone_number_id, label=outcome.label,
                    rotated_at=outcome.at.isoformat(), recorded=outcome.recorded)
 
@@ -305,8 +327,10 @@ def _unread_answer(phone_number_id: str, outcome: UnreadAnswer) -> JSONResponse:
                            f"{error}; keeping the answer in a rescue file failed too. "
                            f"{answer_lost_advice()}"))
     return _answer(502, error=error.reason, phone_number_id=phone_number_id,
-                   fields=error.fields, rescued_to=str(outcome.rescued_to), detail=(
-                       f"{error}. {answer_kept_advice(phone_number_id, outcome.rescued_to)}"))
+                   fields=error.fields, rescued_to=str(outcome.rescued_to),
+                   command=store_secret_command(phone_number_id, outcome.rescued_to,
+                                                field=FIELD_PLACEHOLDER),
+                   detail=f"{error}. {answer_kept_advice(phone_number_id, outcome.rescued_to)}")
 
 
 ROTATE_RESPONSE_SCHEMA = {"type": "object", "properties": {

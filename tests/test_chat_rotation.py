@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shlex
 import stat
 import time
 from collections.abc import Iterator
@@ -92,6 +93,15 @@ def rotation_events(db_url: str) -> list[tuple[str, str, dict[str, object], str]
 
 def invoke(args: list[str], env: dict[str, str], stdin: str | None = None):  # type: ignore[no-untyped-def]
     return CliRunner().invoke(main, args, env=env, input=stdin, catch_exceptions=False)
+
+
+def printed_command(text: str, *, field: str | None = None) -> list[str]:
+    """The ``hookledger chat store-secret`` line in ``text``, split as a shell splits it,
+    with ``field`` for its FIELD placeholder: the command an operator would paste."""
+    [line] = [line for line in text.splitlines() if line.startswith("hookledger chat ")]
+    argv = shlex.split(line)
+    assert argv[:3] == ["hookledger", "chat", "store-secret"]
+    return [field if arg == "FIELD" and field else arg for arg in argv]
 
 
 def test_admin_rotation_keeps_the_secret_honours_grace_and_records_no_secret(
@@ -195,8 +205,11 @@ def test_admin_storing_failure_rescues_the_secret_to_a_private_file(
     assert stat.S_IMODE(os.stat(rescued).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(rescued.parent).st_mode) == 0o700
     assert rescued.read_text().strip() == new_secret
+    assert body["detail"].endswith("\n" + body["command"])
+    assert printed_command(body["command"]) == [
+        "hookledger", "chat", "store-secret", PHONE, "--from-file", str(rescued)]
 
-    result = invoke(["chat", "store-secret", PHONE, "--from-file", str(rescued)],
+    result = invoke(printed_command(body["command"])[1:],
                     cli_env(db_url, sandbox.url, str(tmp_path)))
     assert result.exit_code == 0, result.output
     raw = encode(inbound(message_id="wamid.RESCUED"))
@@ -246,7 +259,8 @@ def test_a_renamed_answer_field_keeps_the_answer_and_store_secret_takes_the_secr
     """The spec does not name the rotate answer's field. With the wrong guess the provider
     has rotated all the same: the answer (holding the secret, shown once) was thrown away,
     and every new delivery was refused until someone rotated again."""
-    env = cli_env(db_url, sandbox.url, str(tmp_path),
+    home = tmp_path / "hook home"  # the printed command must survive a space in the path
+    env = cli_env(db_url, sandbox.url, str(home),
                   HOOKLEDGER_CHAT_ROTATE_SECRET_FIELD="webhookSecret")
     result = invoke(["chat", "rotate-secret", PHONE], env)
     assert result.exit_code == 3, result.output
@@ -254,10 +268,12 @@ def test_a_renamed_answer_field_keeps_the_answer_and_store_secret_takes_the_secr
     assert new_secret != OLD_SECRET and new_secret not in result.output
     assert "data.webhookSecret" in result.stderr
     assert "(fields: phoneNumberId, secret)" in result.stderr
-    [kept] = (tmp_path / "rescued-secrets").iterdir()
+    [kept] = (home / "rescued-secrets").iterdir()
     assert str(kept.resolve()) in result.stderr and kept.name.endswith(".answer.json")
-    assert (f"'hookledger chat store-secret {PHONE} --from-file {kept.resolve()} --field "
-            "<the field that holds it>'") in result.stderr  # the command to run, whole
+    # the command to run, whole, as a shell would split it
+    command = printed_command(result.stderr)
+    assert command == ["hookledger", "chat", "store-secret", PHONE, "--from-file",
+                       str(kept.resolve()), "--field", "FIELD"]
     assert stat.S_IMODE(os.stat(kept).st_mode) == 0o600
     assert json.loads(kept.read_text()) == {"phoneNumberId": PHONE, "secret": new_secret}
     assert new_secret not in stored_secrets(db_url)
@@ -270,8 +286,8 @@ def test_a_renamed_answer_field_keeps_the_answer_and_store_secret_takes_the_secr
     assert new_secret not in unnamed.output + wrong.output
     assert new_secret not in stored_secrets(db_url)
 
-    stored = invoke(["chat", "store-secret", PHONE, "--from-file", str(kept),
-                     "--field", "secret"], env)
+    # the printed command, pasted with the field named, stores it
+    stored = invoke(printed_command(result.stderr, field="secret")[1:], env)
     assert stored.exit_code == 0, stored.output
     assert new_secret not in stored.output
     assert stored_secrets(db_url)[new_secret] is None
@@ -279,9 +295,11 @@ def test_a_renamed_answer_field_keeps_the_answer_and_store_secret_takes_the_secr
 
 def test_admin_rotation_with_a_renamed_answer_field_keeps_the_answer_in_a_private_file(
         sandbox: Sandbox, db_url: str, tmp_path: Path) -> None:
+    home = tmp_path / "hook home"
+    home.mkdir()
     with running_service(db_url, chat_secrets={PHONE: OLD_SECRET}, rotation_grace_s=GRACE_S,
                          api_base_url=sandbox.url, api_key=API_KEY, admin_token=ADMIN_TOKEN,
-                         home=tmp_path, chat_rotate_secret_field="webhookSecret") as base:
+                         home=home, chat_rotate_secret_field="webhookSecret") as base:
         sandbox.state.set_webhook_url(PHONE, f"{base}/webhooks/chat/{PHONE}")
         answer = admin_rotate(base)
         new_secret = sandbox.state.number(PHONE).secret  # type: ignore[union-attr]
@@ -290,15 +308,17 @@ def test_admin_rotation_with_a_renamed_answer_field_keeps_the_answer_in_a_privat
         assert body["error"] == "no_secret_in_answer"
         assert body["fields"] == ["phoneNumberId", "secret"]
         kept = Path(body["rescued_to"])
-        assert kept.parent == (tmp_path / "rescued-secrets").resolve()
+        assert kept.parent == (home / "rescued-secrets").resolve()
         assert stat.S_IMODE(os.stat(kept).st_mode) == 0o600
         assert stat.S_IMODE(os.stat(kept.parent).st_mode) == 0o700
-        # the same command the CLI gives, with the file named
-        assert (f"'hookledger chat store-secret {PHONE} --from-file {kept} --field "
-                "<the field that holds it>'") in body["detail"]
+        # the same command the CLI gives, with the file named, in the detail and alone
+        assert body["detail"].endswith("\n" + body["command"])
+        assert printed_command(body["command"]) == [
+            "hookledger", "chat", "store-secret", PHONE, "--from-file", str(kept),
+            "--field", "FIELD"]
 
-        result = invoke(["chat", "store-secret", PHONE, "--from-file", str(kept),
-                         "--field", "secret"], cli_env(db_url, sandbox.url, str(tmp_path)))
+        result = invoke(printed_command(body["command"], field="secret")[1:],
+                        cli_env(db_url, sandbox.url, str(home)))
         assert result.exit_code == 0, result.output
         raw = encode(inbound(message_id="wamid.FROM-ANSWER"))
         wait_for(lambda: post_chat(base, PHONE, raw, new_secret,
