@@ -21,6 +21,7 @@ from bench.common import RESULTS, machine
 from bench.disk_probe import described
 from bench.machine_cpu import described as machine_described
 from bench.machine_cpu import parts_described
+from bench.wakeup_probe import described as wakeup_described
 
 FULL: dict[str, list[str]] = {
     "ingest": [],
@@ -75,6 +76,9 @@ def table(results: dict[str, Any]) -> list[Row]:
     """(figure, measured, goal, verdict) rows from whatever the benchmarks wrote."""
     rows: list[Row] = []
     ingest = results.get("ingest") or {}
+    if "wakeup" in ingest.get("machine", {}):  # read the ratio beside it (wakeup_probe.py)
+        rows.append(("machine: one process waking another, round trip",
+                     wakeup_described(ingest["machine"]["wakeup"]), "", ""))
     for load in ingest.get("loads", []):
         rows.append((f"{load['label']}: req/s, p50/p99 ms",
                      f"{load['req_per_s']:,}, {load['p50_ms']}/{load['p99_ms']}",
