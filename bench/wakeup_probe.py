@@ -3,15 +3,17 @@
 Every delivery crosses processes several times (load generator, HTTP worker, PostgreSQL and
 back), and every crossing wakes the process on the other side. On some virtual machines a
 core left idle is halted, and only the hypervisor wakes it: a crossing to an idle core then
-costs many times a crossing on a busy one. A service that leaves a core idle part of each
-second (hookledger's one worker, with its group commit) pays that more often than one that
-keeps both cores busy (the bare endpoint), so the ratio between them moves with this figure
-from machine to machine. Measured on 2026-11-26 on a machine where the bare endpoint spent
-852 us of CPU per delivery (262 on the fastest machine of the same kind, that morning):
-60-137 us per round trip across cores, 14-25 us on one core.
+costs several times a crossing on a busy one, and every process's CPU per delivery rises
+with it. Measured on 2026-11-26 on a machine where the bare endpoint spent 852 us of CPU
+per delivery (262 on the fastest machine of the same kind, that morning): 60-137 us per
+round trip across cores, 14-25 us on one core. Whether it moves hookledger's ratio to the
+bare endpoint is not shown: with the guest's halt-polling raised there (which cut the round
+trip across cores to about 40 us), the bare endpoint's CPU per delivery fell and
+hookledger's ratio did not rise (bench/PERFORMANCE.md).
 
 A round trip is one byte each way over a socket pair between two processes. The result is
-put beside each run's figures so that runs on different days can be read apart.
+put beside each run's figures so that runs on different days can be read apart by one
+more cause than "slow" or "fast".
 """
 
 from __future__ import annotations
