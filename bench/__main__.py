@@ -76,7 +76,7 @@ def table(results: dict[str, Any]) -> list[Row]:
     """(figure, measured, goal, verdict) rows from whatever the benchmarks wrote."""
     rows: list[Row] = []
     ingest = results.get("ingest") or {}
-    if "wakeup" in ingest.get("machine", {}):  # read the ratio beside it (wakeup_probe.py)
+    if "wakeup" in ingest.get("machine", {}):  # the machine's wake-up cost (wakeup_probe.py)
         rows.append(("machine: one process waking another, round trip",
                      wakeup_described(ingest["machine"]["wakeup"]), "", ""))
     for load in ingest.get("loads", []):

@@ -38,7 +38,8 @@ def cpu_model() -> str:
 
 def machine() -> dict[str, Any]:
     """The machine's description, with how long it takes to wake a process on another core
-    (bench/wakeup_probe.py), which moves the ingest ratio from one machine to the next."""
+    (bench/wakeup_probe.py), which moves every process's CPU per delivery from one machine
+    to the next."""
     return {"python": platform.python_version(), "platform": platform.platform(),
             "cpu": cpu_model(), "cpus": os.cpu_count(), "memory_gib": round(
                 os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),

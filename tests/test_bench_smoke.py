@@ -29,7 +29,7 @@ def test_every_benchmark_runs_at_smoke_size_and_counts_what_it_acknowledged(
     summary = json.loads((tmp_path / "summary.json").read_text())
     results = summary["results"]
     assert summary["machine"]["cpus"] > 0 and summary["machine"]["cpu"]
-    if summary["machine"]["cpus"] >= 2:  # how long a wake-up takes, beside the ratio
+    if summary["machine"]["cpus"] >= 2:  # how long a wake-up takes, beside the figures
         assert summary["machine"]["wakeup"]["across_cores_us"] > 0
         assert any(row[0].startswith("machine: one process waking another")
                    for row in summary["rows"])
