@@ -152,11 +152,13 @@ def store_secret_command(phone_number_id: str, kept_in: Path, *,
                          field: str | None = None) -> str:
     """The ``hookledger chat store-secret`` command that stores a secret kept in a file, as
     a shell line: quoted, so that it runs as printed from any ``HOOKLEDGER_HOME`` (one with
-    a space in it, say). Pure."""
-    argv = ["hookledger", "chat", "store-secret", phone_number_id, "--from-file", str(kept_in)]
-    if field is not None:
-        argv += ["--field", field]
-    return shlex.join(argv)
+    a space in it, say). An id may begin with ``-``, which the CLI would read as an option:
+    such an id comes last, after ``--``. Pure."""
+    options = ["--from-file", str(kept_in)] + ([] if field is None else ["--field", field])
+    command = ["hookledger", "chat", "store-secret"]
+    if phone_number_id.startswith("-"):
+        return shlex.join([*command, *options, "--", phone_number_id])
+    return shlex.join([*command, phone_number_id, *options])
 
 
 def answer_kept_advice(phone_number_id: str, kept_in: Path) -> str:

@@ -26,7 +26,13 @@ from starlette.requests import Request
 
 from hookledger import logs
 from hookledger.cli import main
-from ingest.chat_rotation import ChatOps, SecretNotStored, admin_rotate_secret, keep_secret
+from ingest.chat_rotation import (
+    ChatOps,
+    SecretNotStored,
+    admin_rotate_secret,
+    keep_secret,
+    store_secret_command,
+)
 from ingest.chat_secrets import fingerprint
 from ledger import LedgerUnavailable
 from sandbox.runner import Sandbox, running_sandbox
@@ -215,6 +221,22 @@ def test_admin_storing_failure_rescues_the_secret_to_a_private_file(
     raw = encode(inbound(message_id="wamid.RESCUED"))
     wait_for(lambda: post_chat(service, PHONE, raw, new_secret,
                                delivery_id="rescued").status_code == 200, timeout_s=5)
+
+
+@pytest.mark.parametrize("phone", ["-15550001111", "1555_0002222"])
+def test_the_printed_store_secret_command_runs_as_printed_for_any_valid_id(
+        phone: str, db_url: str, tmp_path: Path) -> None:
+    """Ids may begin with '-', which the CLI would read as an option ('No such option')."""
+    kept = tmp_path / "a home" / f"{phone}.secret"
+    kept.parent.mkdir()
+    kept.write_text("rescued-secret-7f3a\n")
+    command = printed_command(store_secret_command(phone, kept))
+    result = invoke(command[1:], {"HOOKLEDGER_DATABASE_URL": db_url,
+                                  "HOOKLEDGER_HOME": str(tmp_path)})
+    assert result.exit_code == 0, result.output
+    assert [secret for secret, in rows(
+        db_url, "SELECT secret FROM hookledger_private.chat_secrets "
+                "WHERE phone_number_id = %s", phone)] == ["rescued-secret-7f3a"]
 
 
 def test_store_secret_from_a_file_that_is_not_text_is_a_message_not_a_traceback(
