@@ -161,10 +161,16 @@ def store_secret_command(phone_number_id: str, kept_in: Path, *,
     return shlex.join([*command, phone_number_id, *options])
 
 
+def kept_answer_command(phone_number_id: str, kept_in: Path) -> str:
+    """The command that stores the secret from a kept rotate answer, its field left as
+    :data:`FIELD_PLACEHOLDER` for the operator to name. Pure."""
+    return store_secret_command(phone_number_id, kept_in, field=FIELD_PLACEHOLDER)
+
+
 def answer_kept_advice(phone_number_id: str, kept_in: Path) -> str:
     """What an operator does with a rotate answer kept by :func:`rescue_answer_to_file`:
     the same words from the CLI and the admin route."""
-    command = store_secret_command(phone_number_id, kept_in, field=FIELD_PLACEHOLDER)
+    command = kept_answer_command(phone_number_id, kept_in)
     return ("The provider already signs new deliveries with the new secret and will never "
             f"show it again. Its answer was kept in {kept_in} (mode 0600). Set "
             f"HOOKLEDGER_CHAT_ROTATE_SECRET_FIELD to the field that holds the secret, store "
@@ -330,8 +336,7 @@ def _unread_answer(phone_number_id: str, outcome: UnreadAnswer) -> JSONResponse:
                            f"{answer_lost_advice()}"))
     return _answer(502, error=error.reason, phone_number_id=phone_number_id,
                    fields=error.fields, rescued_to=str(outcome.rescued_to),
-                   command=store_secret_command(phone_number_id, outcome.rescued_to,
-                                                field=FIELD_PLACEHOLDER),
+                   command=kept_answer_command(phone_number_id, outcome.rescued_to),
                    detail=f"{error}. {answer_kept_advice(phone_number_id, outcome.rescued_to)}")
 
 
