@@ -19,7 +19,13 @@ import click
 from psycopg_pool import AsyncConnectionPool
 
 from hookledger.settings import Settings
-from ingest.chat_api import ChatApi, ChatApiError, SecretFieldMissing, webhook_url_problem
+from ingest.chat_api import (
+    ChatApi,
+    ChatApiError,
+    SecretFieldMissing,
+    webhook_path_warning,
+    webhook_url_problem,
+)
 from ingest.chat_rotation import (
     Rotated,
     RotationError,
@@ -240,11 +246,15 @@ def store_secret(phone_number_id: str, from_file: Path | None, field: str | None
 @click.argument("phone_number_id")
 @click.argument("url")
 def set_webhook(phone_number_id: str, url: str) -> None:
-    """Point the number's chat webhook at URL (https, or http on a loopback host)."""
+    """Point the number's chat webhook at URL (https, or http on a loopback host); warns
+    when URL's path does not end in /webhooks/chat/PHONE_NUMBER_ID."""
     _check_id(phone_number_id)
     problem = webhook_url_problem(url)
     if problem:
         _fail(f"{url[:200]!r}: {problem}", EXIT_USAGE)
+    warning = webhook_path_warning(url, phone_number_id)
+    if warning:  # set all the same: a proxy may rewrite the path
+        click.echo(f"warning: {warning}", err=True)
     settings = _settings()
 
     async def run() -> str:

@@ -245,3 +245,23 @@ def webhook_url_problem(url: str) -> str | None:
     if parsed.scheme == "http":
         return "the URL must use https (http is allowed for loopback hosts only)"
     return f"unsupported scheme {parsed.scheme!r}"
+
+
+CHAT_WEBHOOK_PATH = "/webhooks/chat/"
+
+
+def webhook_path_warning(url: str, phone_number_id: str) -> str | None:
+    """Why deliveries to ``url`` may not verify as ``phone_number_id``'s, or None. Pure.
+
+    hookledger verifies a chat delivery with the secrets of the number its path names, so a
+    URL naming another number (or none) has every delivery refused (401, or 404 off the chat
+    route) until the provider gives up retrying. A proxy in front may map a path of its own
+    there, so this warns rather than refuses. Call it on a URL :func:`webhook_url_problem`
+    accepted.
+    """
+    expected = CHAT_WEBHOOK_PATH + phone_number_id
+    if httpx.URL(url).path.endswith(expected):
+        return None
+    return (f"the URL's path does not end in {expected}: hookledger verifies a chat delivery "
+            f"with the secret of the number its path names, so deliveries sent there are "
+            f"refused unless a proxy in front maps that path to {expected}")

@@ -362,10 +362,17 @@ def test_set_webhook_changes_the_number_url_at_the_sandbox(
     env = cli_env(db_url, sandbox.url, str(tmp_path))
     result = invoke(["chat", "set-webhook", PHONE, "https://hooks.example/webhooks/chat/1"],
                     env)
+    # a path naming another number is set all the same (a proxy may rewrite it), but said
     assert result.exit_code == 0, result.output
     assert "Phone number updated" in result.stdout
+    assert f"warning: the URL's path does not end in /webhooks/chat/{PHONE}" in result.stderr
     number = sandbox.state.number(PHONE)
     assert number is not None and number.webhook_url == "https://hooks.example/webhooks/chat/1"
+    own = f"https://hooks.example/webhooks/chat/{PHONE}"
+    result = invoke(["chat", "set-webhook", PHONE, own], env)
+    assert result.exit_code == 0, result.output
+    assert "warning" not in result.stderr
+    assert sandbox.state.number(PHONE).webhook_url == own  # type: ignore[union-attr]
     # the provider's field name is configurable (the spec does not give it)
     env["HOOKLEDGER_CHAT_WEBHOOK_FIELD"] = "url"
     result = invoke(["chat", "set-webhook", PHONE, "http://127.0.0.1:8080/webhooks/chat/1"],

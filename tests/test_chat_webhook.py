@@ -17,6 +17,7 @@ import structlog
 from psycopg_pool import AsyncConnectionPool
 
 from hookledger import logs
+from ingest.chat_api import webhook_path_warning, webhook_url_problem
 from ingest.chat_secrets import ChatSecretStore, fingerprint
 from tests.chat_events import PHONE, chat_header, encode, inbound, status
 from tests.chat_live import wait_for
@@ -427,3 +428,25 @@ def test_chat_threads_show_the_24_hour_window_against_the_current_time(
     assert 22 * 3600 - 60 < left <= 22 * 3600
     assert (old, open_old, span_old) == ("255700000022", False, 24 * 3600)
     assert -3600 - 60 < left_old <= -3600
+
+
+@pytest.mark.parametrize(("url", "warned"), [
+    ("https://hooks.example/webhooks/chat/1098765432", False),
+    ("https://hooks.example/tenant-a/webhooks/chat/1098765432", False),  # a proxy's prefix
+    ("https://hooks.example/webhooks/chat/1098765432?x=1", False),
+    ("http://127.0.0.1:8080/webhooks/chat/1098765432", False),
+    ("https://hooks.example/webhooks/chat/2098765432", True),  # another number
+    ("https://hooks.example/webhooks/chat/10987654321", True),
+    ("https://hooks.example/x/webhooks/chat/x1098765432", True),
+    ("https://hooks.example/webhooks/chat/1098765432/", True),
+    ("https://hooks.example/webhooks/general/1098765432", True),
+    ("https://hooks.example/chat", True),
+    ("https://hooks.example", True),
+])
+def test_a_webhook_url_whose_path_names_another_number_is_warned_of(url: str,
+                                                                   warned: bool) -> None:
+    assert webhook_url_problem(url) is None
+    warning = webhook_path_warning(url, "1098765432")
+    assert (warning is not None) is warned
+    if warning:
+        assert "/webhooks/chat/1098765432" in warning
