@@ -35,6 +35,7 @@ from ingest.chat_rotation import (
     keep_secret,
     rescue_answer_to_file,
     rotate,
+    store_secret_command,
 )
 from ingest.chat_secrets import ChatSecretStore, valid_phone_number_id
 from ledger import LedgerStore
@@ -110,7 +111,7 @@ def _rescue(exc: SecretNotStored) -> NoReturn:
         f"hookledger: WARNING: {exc}.\n"
         "The provider already signs new deliveries with it and will never show it again.\n"
         "Keep it now; once the database works, run "
-        f"'hookledger chat store-secret {exc.phone_number_id}' and paste it "
+        f"'{store_secret_command(exc.phone_number_id, None)}' and paste it "
         f"(or set HOOKLEDGER_CHAT_SECRETS={exc.phone_number_id}=<secret> and restart).\n"
         f"NEW SECRET ({exc.label}): {exc.reveal()}", err=True)
     sys.exit(EXIT_SECRET_NOT_STORED)

@@ -148,13 +148,16 @@ def rescue_answer_to_file(home: Path, phone_number_id: str, data: dict[str, Any]
 FIELD_PLACEHOLDER = "FIELD"
 
 
-def store_secret_command(phone_number_id: str, kept_in: Path, *,
+def store_secret_command(phone_number_id: str, kept_in: Path | None, *,
                          field: str | None = None) -> str:
-    """The ``hookledger chat store-secret`` command that stores a secret kept in a file, as
-    a shell line: quoted, so that it runs as printed from any ``HOOKLEDGER_HOME`` (one with
-    a space in it, say). An id may begin with ``-``, which the CLI would read as an option:
-    such an id comes last, after ``--``. Pure."""
-    options = ["--from-file", str(kept_in)] + ([] if field is None else ["--field", field])
+    """The ``hookledger chat store-secret`` command that stores a secret kept in a file
+    (``kept_in``; None: one the operator pastes on stdin), as a shell line: quoted, so that
+    it runs as printed from any ``HOOKLEDGER_HOME`` (one with a space in it, say). An id may
+    begin with ``-``, which the CLI would read as an option: such an id comes last, after
+    ``--``. Pure."""
+    options = [] if kept_in is None else ["--from-file", str(kept_in)]
+    if field is not None:
+        options += ["--field", field]
     command = ["hookledger", "chat", "store-secret"]
     if phone_number_id.startswith("-"):
         return shlex.join([*command, *options, "--", phone_number_id])

@@ -237,6 +237,15 @@ def test_the_printed_store_secret_command_runs_as_printed_for_any_valid_id(
     assert [secret for secret, in rows(
         db_url, "SELECT secret FROM hookledger_private.chat_secrets "
                 "WHERE phone_number_id = %s", phone)] == ["rescued-secret-7f3a"]
+    # the line printed beside a secret shown on stderr: the operator pastes it on stdin
+    pasted = printed_command(store_secret_command(phone, None))
+    result = invoke(pasted[1:], {"HOOKLEDGER_DATABASE_URL": db_url,
+                                 "HOOKLEDGER_HOME": str(tmp_path)}, stdin="pasted-secret-9c1e\n")
+    assert result.exit_code == 0, result.output
+    assert sorted(secret for secret, in rows(
+        db_url, "SELECT secret FROM hookledger_private.chat_secrets "
+                "WHERE phone_number_id = %s", phone)) == ["pasted-secret-9c1e",
+                                                         "rescued-secret-7f3a"]
 
 
 def test_store_secret_from_a_file_that_is_not_text_is_a_message_not_a_traceback(
