@@ -29,6 +29,7 @@ from hookledger.gc_tuning import tuned_for_serving
 from hookledger.http_protocol import complete_body
 from hookledger.settings import Settings
 from ingest.appender import BatchingAppender, answered_within
+from ingest.chat_api import CHAT_WEBHOOK_PATH
 from ingest.chat_body import PLATFORM_ERROR_CAUSES
 from ingest.chat_endpoint import ChatEndpoint
 from ingest.chat_media import MediaFetcher, MediaStore
@@ -250,7 +251,7 @@ Answer = Response | Accepted
 
 # path prefix -> (path parameter, the endpoint's name on app.state)
 WEBHOOK_ROUTES = (("/webhooks/general/", "name", "general"),
-                  ("/webhooks/chat/", "phone_number_id", "chat"))
+                  (CHAT_WEBHOOK_PATH, "phone_number_id", "chat"))
 
 
 class WebhookFastPath:
