@@ -40,9 +40,14 @@ SUCCESS_SLOTS = ("confirmed", "refunded")
 # where ``evidence`` keeps the slots the provider's records (``reconcile.recovered``) took
 RECOVERED_SLOTS = "recovered"
 SMS_RANK = {"sms.failed": 1, "sms.delivered": 2}
-# the invoice's own events outrank a part payment that carries the same block
-INVOICE_RANK = {"invoice.created": 0, "payment.confirmed": 1, "invoice.updated": 2,
-                "invoice.paid": 3, "invoice.cancelled": 3}
+# In one second with the same money received: the invoice's own events outrank a part
+# payment that carries the same block, and an update outranks ``invoice.paid`` and
+# ``invoice.cancelled``, which fire once, so an update beside one is the re-save after it
+# (ranked below them, a paid invoice re-saved with more due in that second showed settled).
+# ``invoice.updated`` moved from 2 to 4, not the others down: marks stored before keep
+# their meaning, and only a row's same-second ties change, as ``hookledger rebuild`` shows.
+INVOICE_RANK = {"invoice.created": 0, "payment.confirmed": 1, "invoice.paid": 3,
+                "invoice.cancelled": 3, "invoice.updated": 4}
 
 
 def _facts(event: StoredEvent) -> dict[str, Any]:
@@ -324,9 +329,10 @@ def invoice_keys(event: StoredEvent) -> list[str]:
         number = (invoice or {}).get("invoice_no") or event.facts["reference"]
         return [number]
     if (event.event_type in PAYMENT_RANK and invoice and invoice.get("invoice_no")
-            and event.facts.get("outcome") == "success"):
-        # a part payment against an invoice; the code's band decides here as everywhere, so
-        # a payment.confirmed carrying 91055 moved no money and never touches the invoice
+            and event.facts.get("outcome") in ("success", "refunded")):
+        # a part payment against an invoice, or its refund: money moved, and the block is
+        # the invoice after it. The code's band decides here as everywhere, so a
+        # payment.confirmed carrying 91055 moved no money and never touches the invoice
         return [invoice["invoice_no"]]
     return []
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from datetime import UTC, datetime
 from decimal import Decimal
+from itertools import permutations
 from typing import Any
 
 import orjson
@@ -399,6 +400,46 @@ def test_a_resave_after_payment_updates_the_due_date_and_control_number() -> Non
                                                                            "99777")
         assert (row["last_event"], row["updated_at"]) == ("invoice.updated",
                                                           resaved.occurred_at)
+
+
+def test_a_resave_in_the_same_second_as_invoice_paid_is_the_later_event() -> None:
+    """``invoice.paid`` fires once and a re-save fires ``invoice.updated``, so an update in
+    the paid event's second, with the same money received, came after it: the invoice is
+    owed again in either arrival order, never shown settled with 600 due."""
+    paid = invoice_event("invoice.paid", 93002, 900, 0, "20261122090000")
+    resaved = ev("invoice.updated", 93001, reference="INV-1", amount=1500,
+                 service="Invoicing", timestamp="20261122090000",
+                 invoice={**INVOICE, "total": 1500, "amountPaid": 900, "amountDue": 600})
+    for order in ([paid, resaved], [resaved, paid]):
+        rows, found = fold_all("invoices", _in_order(*order))
+        row = rows["INV-1"]
+        assert (row["status"], row["settled"], row["total"], row["amount_due"]) == (
+            "partially_paid", False, Decimal("1500"), Decimal("600"))
+        assert row["last_event"] == "invoice.updated" and found == []
+
+
+def test_a_refunded_part_payment_takes_its_money_off_the_invoice() -> None:
+    """A refund that carries the invoice's block is money moved back: the invoice is owed
+    again, in every arrival order. One without a block says nothing about the invoice."""
+    created = invoice_event("invoice.created", 93000, 0, 900, "20261122080000")
+    part = ev("payment.confirmed", 91000, reference="PAY-1", amount=900,
+              timestamp="20261122081000",
+              invoice={**INVOICE, "amountPaid": 900, "amountDue": 0})
+    paid = invoice_event("invoice.paid", 93002, 900, 0, "20261122081000")
+    refund = ev("payment.refunded", 91010, reference="PAY-1", amount=900, status="REVERSED",
+                timestamp="20261122100000",
+                invoice={**INVOICE, "amountPaid": 0, "amountDue": 900})
+    for order in permutations([created, part, paid, refund]):
+        rows, found = fold_all("invoices", _in_order(*order))
+        row = rows["INV-1"]
+        assert (row["status"], row["settled"], row["amount_paid"], row["amount_due"]) == (
+            "open", False, Decimal("0"), Decimal("900"))
+        assert (row["last_event"], row["total"], found) == (
+            "payment.refunded", Decimal("900"), [])
+    blockless = dataclasses.replace(refund, facts={
+        k: v for k, v in refund.facts.items() if k != "invoice"})
+    rows, _ = fold_all("invoices", _in_order(created, part, paid, blockless))
+    assert (rows["INV-1"]["status"], rows["INV-1"]["event_count"]) == ("paid", 3)
 
 
 def test_a_block_that_leaves_a_field_out_takes_it_from_the_latest_that_has_it() -> None:
