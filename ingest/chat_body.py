@@ -7,7 +7,8 @@ sent message, so every status of one message lands in one stream.
 
 * The 95xxx code is derived (the body carries none): sent 95000, delivered 95001, read
   95002, inbound 95003, failed 95050 unless ``errors[0].code`` is a known platform error
-  (:data:`PLATFORM_ERROR_CAUSES`, replaceable by the caller).
+  (:data:`PLATFORM_ERROR_CAUSES`, replaceable by the caller). ``errors`` is read where the
+  spec puts it (top level), else inside ``status``, where the platform itself puts it.
 * A verified delivery is never dropped: an unknown top-level ``type`` or an unknown status
   value is kept as ``chat.unrecognised`` (``recognised: false``), so no projection applies
   it blindly. An inbound message of a kind the spec does not show (e.g. ``location``) is
@@ -257,6 +258,23 @@ def _first_error(body: Mapping[str, Any]) -> tuple[str | None, str | None]:
     return _error_code(first.get("code")), _text(first, "title", "errors[0].", limit=MAX_TEXT)
 
 
+def _status_error(body: Mapping[str, Any],
+                  status: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """The spec's ``errors`` (top level), else the chat platform's own place for them,
+    inside the status object it forwards as-is. Without that second look a failure the
+    platform explained there is filed as 95050, "no detail", and a closed 24-hour window
+    (95063) or an opted-out customer goes unseen. The inner list is read leniently: it is
+    not the documented field, so a shape we did not expect there costs its detail, never
+    the delivery."""
+    found = _first_error(body)
+    if found != (None, None):
+        return found
+    try:
+        return _first_error(status)
+    except BodyError:
+        return None, None
+
+
 def failure_code(error_code: str | None, causes: Mapping[str, int]) -> int:
     """95050 unless the platform's error code maps to a known 95xxx cause."""
     if error_code is None:
@@ -435,7 +453,7 @@ def _status(body: Mapping[str, Any], meta: DeliveryMeta, digest: str, key: str,
                              status=value)
     event_type, code = STATUSES[value]
     timestamp_raw, occurred_at = _timestamp(status, where)
-    error_code, error_title = _first_error(body)
+    error_code, error_title = _status_error(body, status)
     if value == "failed":
         code = failure_code(error_code, causes)
     facts = {

@@ -107,6 +107,31 @@ def test_the_error_mapping_is_configurable() -> None:
     assert delivery.facts["code"] == 95064
 
 
+def test_errors_inside_the_status_object_are_read_when_the_top_level_has_none() -> None:
+    """The platform's own status object carries its errors inside it; a body forwarded
+    as-is then has none at the top level, and the cause must not be lost to 95050."""
+    body = status("failed")
+    body["status"]["errors"] = [{"code": 131047, "title": "Re-engagement message"}]
+    facts = read(body).facts
+    assert (facts["code"], facts["error_code"], facts["error_title"]) == (
+        95063, "131047", "Re-engagement message")
+
+
+def test_top_level_errors_win_over_the_status_objects() -> None:
+    body = status("failed", errors=[{"code": 131026, "title": "Undeliverable"}])
+    body["status"]["errors"] = [{"code": 131047, "title": "Re-engagement message"}]
+    assert read(body).facts["code"] == 95057
+
+
+@pytest.mark.parametrize("inner", [{"code": 1}, ["boom"], [{"code": 1.5}], "x"])
+def test_a_misshapen_errors_list_inside_status_costs_only_the_detail(inner: Any) -> None:
+    body = status("failed")
+    body["status"]["errors"] = inner
+    delivery = read(body)
+    assert delivery.event_type == "chat.message.failed"
+    assert (delivery.facts["code"], delivery.facts["error_code"]) == (95050, None)
+
+
 def test_a_failed_status_without_errors_is_95050() -> None:
     assert read(status("failed")).facts["code"] == 95050
     assert read(status("failed", errors=[])).facts["code"] == 95050
