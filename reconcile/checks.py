@@ -19,6 +19,11 @@ Rules, in words:
 
 ``missing_webhook`` is resolved only by the late webhook itself (see :func:`settle`): a
 re-check agrees with a recovered state by construction, so it proves nothing.
+
+A finding of a kind already open is news only when the provider's outcome changed: the
+recovered success whose refund a later check finds opens a ``missing_webhook`` for the
+refund and resolves the one for the success as superseded, so the open finding never tells
+someone to deliver goods for money that went back. The same outcome again opens nothing.
 """
 
 from __future__ import annotations
@@ -94,8 +99,7 @@ def _provider_facts(record: ProviderRecord) -> dict[str, Any]:
 
 
 def decide(local: Local, lookup: Lookup, *, now: datetime, window: timedelta) -> Verdict:
-    """The verdict for one subject; ``open`` discrepancies of a kind are never re-opened."""
-    open_kinds = {d.kind for d in local.open}
+    """The verdict for one subject; at most one discrepancy of a kind is open (see above)."""
     overdue = local.since is None or now - local.since >= window
     if lookup.kind == "error":
         return Verdict("error")
@@ -107,7 +111,7 @@ def decide(local: Local, lookup: Lookup, *, now: datetime, window: timedelta) ->
                 "unknown_at_provider",
                 f"the provider has no record of {local.subject} {local.reference}",
                 _risk(local.amount, local.expected_amount)))
-        return _verdict("unknown", None, found, resolve, open_kinds, settled=False)
+        return _verdict("unknown", None, found, resolve, local.open, settled=False)
 
     record = lookup.record
     resolve += [(d.id, "the provider now knows the reference") for d in local.open
@@ -129,7 +133,11 @@ def decide(local: Local, lookup: Lookup, *, now: datetime, window: timedelta) ->
                 {"provider_record_kind": str(other), "provider_kinds": other.kinds_text,
                  "provider_event": record.event, "provider_service": record.service,
                  "provider_type": record.type, "provider_record_code": record.code}))
-        return _verdict("mismatch", None, found, resolve, open_kinds, settled=False)
+        return _verdict("mismatch", None, found, resolve, local.open, settled=False)
+    # a record of another kind reported earlier: the record is this subject's now, whatever
+    # else this check finds (an amount that differs is an amount_mismatch's to carry)
+    resolve += [(d.id, f"the provider's record is now a {local.subject}") for d in local.open
+                if d.kind == "status_mismatch" and "provider_kinds" in d.facts]
     facts = _provider_facts(record)
     if not record.terminal:
         if overdue and local.outcome in TERMINAL:
@@ -140,7 +148,7 @@ def decide(local: Local, lookup: Lookup, *, now: datetime, window: timedelta) ->
                 f"webhooks say {local.status} ({local.outcome}), the provider still says "
                 f"{record.status or 'pending'} after the resolution window",
                 _risk(local.amount, record.amount), facts))
-            return _verdict("mismatch", None, found, resolve, open_kinds, settled=False)
+            return _verdict("mismatch", None, found, resolve, local.open, settled=False)
         if overdue:
             found.append(Detection(
                 "unresolved",
@@ -148,7 +156,7 @@ def decide(local: Local, lookup: Lookup, *, now: datetime, window: timedelta) ->
                 f"the provider after the resolution window",
                 _risk(local.expected_amount, local.amount, record.amount), facts))
         return _verdict("unresolved" if overdue else "pending", None, found, resolve,
-                        open_kinds, settled=False)
+                        local.open, settled=False)
 
     resolve += [(d.id, "the provider reports a final state") for d in local.open
                 if d.kind == "unresolved"]
@@ -204,14 +212,28 @@ def decide(local: Local, lookup: Lookup, *, now: datetime, window: timedelta) ->
         resolve += [(d.id, "a check agrees with the provider on the state") for d in local.open
                     if d.kind == "status_mismatch"]
     result = "recovered" if recover else "mismatch" if mismatch else "agrees"
-    return _verdict(result, recover, found, resolve, open_kinds, settled=not mismatch)
+    return _verdict(result, recover, found, resolve, local.open, settled=not mismatch)
 
 
 def _verdict(result: str, recover: ProviderRecord | None, found: Sequence[Detection],
-             resolve: Sequence[tuple[str, str]], open_kinds: set[str], *,
+             resolve: Sequence[tuple[str, str]], opened: Sequence[OpenDiscrepancy], *,
              settled: bool) -> Verdict:
-    fresh = tuple(d for d in found if d.kind not in open_kinds)
-    return Verdict(result, recover, fresh, tuple(dict(resolve).items()), settled)
+    """Drop what is already open with the same provider outcome; a finding whose outcome
+    changed supersedes the open ones of its kind (resolved here, each with its reason)."""
+    fresh: list[Detection] = []
+    reasons: list[tuple[str, str]] = list(resolve)
+    for found_one in found:
+        same_kind = [o for o in opened if o.kind == found_one.kind]
+        outcome = found_one.facts.get("provider_outcome")
+        if any(o.facts.get("provider_outcome") == outcome for o in same_kind):
+            continue
+        fresh.append(found_one)
+        reasons += [(o.id, f"superseded: the provider now reports {outcome or 'another record'}")
+                    for o in same_kind]
+    first_reason: dict[str, str] = {}
+    for discrepancy_id, reason in reasons:
+        first_reason.setdefault(discrepancy_id, reason)
+    return Verdict(result, recover, tuple(fresh), tuple(first_reason.items()), settled)
 
 
 def settle(kind: str, facts: Mapping[str, Any], row: Mapping[str, Any] | None) -> str | None:

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
+from ingest.codes import CODES, outcome_of_event
+from ingest.codes import outcome as webhook_outcome
 from ledger.jsonenc import jsonb_can_hold
 from reconcile.errors import MappingError
 
@@ -25,6 +27,10 @@ RECOVERY_EVENT: dict[tuple[str, str], str] = {
     ("collection", "refunded"): "payment.refunded", ("payout", "success"): "payout.confirmed",
     ("payout", "failure"): "payout.failed",
 }
+
+# the events of the records reconciliation reads (collections and payouts)
+PAYMENT_EVENTS = frozenset({"payment.confirmed", "payment.failed", "payment.refunded",
+                            "payout.approved", "payout.confirmed", "payout.failed"})
 
 # an amount's magnitude (below 10**16 TZS) and decimal places past which it is no money
 MAX_AMOUNT_EXPONENT = 15
@@ -134,17 +140,18 @@ class ProviderRecord:
 
 
 def record_outcome(event: str | None, code: int | None, status: str | None) -> Outcome:
-    """The code's band first (``code % 100 >= 50`` is a failure), then event, then status."""
+    """The code's band first (``code % 100 >= 50`` is a failure); then the event, read as a
+    webhook's is (:func:`ingest.codes.outcome`, so that the same fields never give the two
+    paths different answers); then a listed code's own event (91010 is a refund whatever
+    word the operator used); only then the status word, which is the operator's verbatim and
+    can never be listed in full."""
     if code is not None and code % 100 >= 50:
         return "failure"
-    if event == "payment.refunded":
-        return "refunded"
-    if event in ("payment.confirmed", "payout.confirmed"):
-        return "success"
-    if event in ("payment.failed", "payout.failed"):
-        return "failure"
-    if event == "payout.approved":
-        return "pending"
+    if event in PAYMENT_EVENTS:
+        return webhook_outcome(event, code)
+    listed = CODES.get(code) if code is not None else None
+    if listed is not None and listed.event in PAYMENT_EVENTS:
+        return outcome_of_event(listed.event)
     word = (status or "").strip().upper()
     if word in REFUND_STATUSES:
         return "refunded"

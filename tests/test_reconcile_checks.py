@@ -13,11 +13,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ingest.codes import CODES
+from ingest.codes import outcome as webhook_outcome
 from reconcile.checks import Local, OpenDiscrepancy, decide, settle
 from reconcile.client import Lookup, backoff_delay, parse_envelope, retry_after_seconds
 from reconcile.errors import MalformedEnvelope, MappingError
 from reconcile.findings import recovered_event
-from reconcile.records import ProviderRecord, RecordMapping, record_outcome
+from reconcile.records import PAYMENT_EVENTS, ProviderRecord, RecordMapping, record_outcome
 
 NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)
 WINDOW = timedelta(seconds=90)
@@ -34,11 +36,16 @@ def record(outcome: str, amount: Decimal | None) -> ProviderRecord:
 
 @given(ours=OUTCOMES, theirs=st.sampled_from(["success", "failure", "refunded", "pending"]),
        local_amount=AMOUNTS, provider_amount=AMOUNTS, subject=st.sampled_from(
-           ["collection", "payout"]), age=st.integers(0, 10_000))
+           ["collection", "payout"]), age=st.integers(0, 10_000),
+       opened_outcomes=st.lists(OUTCOMES, min_size=3, max_size=3))
 def test_a_verdict_never_recovers_over_a_contradicting_webhook_and_never_reopens(
         ours: str | None, theirs: str, local_amount: Decimal | None,
-        provider_amount: Decimal | None, subject: str, age: int) -> None:
-    opened = tuple(OpenDiscrepancy(f"id-{k}", k) for k in ("status_mismatch", "unresolved"))
+        provider_amount: Decimal | None, subject: str, age: int,
+        opened_outcomes: list[str | None]) -> None:
+    opened = tuple(
+        OpenDiscrepancy(f"id-{k}", k, {} if o is None else {"provider_outcome": o})
+        for k, o in zip(("status_mismatch", "unresolved", "missing_webhook"), opened_outcomes,
+                        strict=True))
     local = Local(subject, "R", ours, None, local_amount, since=NOW - timedelta(seconds=age),
                   open=opened)
     verdict = decide(local, Lookup("R", "found", record(theirs, provider_amount)), now=NOW,
@@ -54,7 +61,14 @@ def test_a_verdict_never_recovers_over_a_contradicting_webhook_and_never_reopens
         still_open = {o.kind for o in opened if o.id not in resolved}
         kinds = {d.kind for d in verdict.detect} | still_open
         assert "status_mismatch" in kinds or verdict.recover is not None
-    assert not {d.kind for d in verdict.detect} & {o.kind for o in opened}
+    # a kind already open is found again only when the provider's outcome changed, and
+    # then the open one is resolved as superseded: never two open of one kind
+    resolved = {discrepancy_id for discrepancy_id, _ in verdict.resolve}
+    for d in verdict.detect:
+        for o in opened:
+            if o.kind == d.kind:
+                assert o.facts.get("provider_outcome") != d.facts.get("provider_outcome")
+                assert o.id in resolved
     for d in verdict.detect:
         assert d.amount_at_risk is None or d.amount_at_risk >= 0
     assert not (verdict.resolve and verdict.result == "error")
@@ -72,6 +86,42 @@ def test_settle_never_resolves_on_a_recovered_state_except_unresolved(
         assert reason is None
     if kind == "conflicting_events":
         assert reason is None
+
+
+def test_a_refund_found_after_a_recovered_success_supersedes_its_open_finding() -> None:
+    """The success was recovered (its webhook lost) and its missing_webhook is still open,
+    telling someone to fulfil; the provider now says the money went back. That must be a
+    finding of its own, and the one that says "fulfil" must not stay open beside it."""
+    success = OpenDiscrepancy("id-s", "missing_webhook", {"provider_outcome": "success"})
+    local = Local("collection", "R", "success", "SUCCESSFUL", Decimal(10), recovered=True,
+                  since=NOW - timedelta(hours=6), open=(success,))
+    verdict = decide(local, Lookup("R", "found", record("refunded", Decimal(10))), now=NOW,
+                     window=WINDOW)
+    assert verdict.result == "recovered" and verdict.recover is not None
+    [found] = verdict.detect
+    assert found.kind == "missing_webhook" and found.facts["provider_outcome"] == "refunded"
+    assert found.amount_at_risk == Decimal(10)
+    assert dict(verdict.resolve) == {"id-s": "superseded: the provider now reports refunded"}
+    # once the refund's finding is the open one, asking again opens nothing more
+    refund = OpenDiscrepancy("id-r", "missing_webhook", {"provider_outcome": "refunded"})
+    again = dataclasses.replace(local, outcome="refunded", status="REFUNDED", open=(refund,))
+    verdict = decide(again, Lookup("R", "found", record("refunded", Decimal(10))), now=NOW,
+                     window=WINDOW)
+    assert verdict.detect == () and verdict.resolve == ()
+
+
+def test_a_record_of_another_kind_that_becomes_this_ones_resolves_that_finding() -> None:
+    """Reported as "not a collection, nothing recovered"; the record is a part payment now.
+    The state is recovered and the short payment reported; the stale finding must go."""
+    other = OpenDiscrepancy("id-k", "status_mismatch", {"provider_kinds": "invoice"})
+    local = Local("collection", "R", since=NOW - timedelta(hours=1),
+                  expected_amount=Decimal(1500), open=(other,))
+    paid = kinded("payment.confirmed", 91001, "Collection", "CHARGE")
+    paid = dataclasses.replace(paid, status="PARTIAL", amount=Decimal(500))
+    verdict = decide(local, Lookup("R", "found", paid), now=NOW, window=WINDOW)
+    assert verdict.recover is not None
+    assert sorted(d.kind for d in verdict.detect) == ["amount_mismatch", "missing_webhook"]
+    assert dict(verdict.resolve) == {"id-k": "the provider's record is now a collection"}
 
 
 def test_a_check_agreeing_with_a_recovered_state_leaves_a_contradicting_webhook_flagged() -> None:
@@ -139,6 +189,27 @@ def test_the_mapping_follows_dotted_paths_and_the_outcome_follows_the_code_band(
     assert (got.status, got.amount, got.transaction_id) == ("PAID", Decimal("12.50"), None)
     assert record_outcome("payment.confirmed", 91099, "SUCCESSFUL") == "failure"
     assert record_outcome(None, None, "USER_REJECTED") == "failure"
+
+
+@pytest.mark.parametrize(("code", "status", "expected"), [
+    (91000, "COMPLETE", "success"), (91001, "PARTIALLY_PAID", "success"),
+    (91010, "SUCCESSFUL", "refunded"), (92000, "DONE", "success"),
+    (92002, "SUCCESSFUL", "pending"), (91052, "SUCCESSFUL", "failure"),
+])
+def test_a_listed_code_decides_before_the_operators_word(code: int, status: str,
+                                                         expected: str) -> None:
+    """Status words are the operator's verbatim and can never be listed in full: a record
+    with no event but a listed code is read by the code."""
+    assert record_outcome(None, code, status) == expected
+
+
+@given(event=st.sampled_from(sorted(PAYMENT_EVENTS)),
+       code=st.none() | st.sampled_from(sorted(CODES)) | st.integers(90000, 99999),
+       status=st.none() | st.sampled_from(["SUCCESSFUL", "FAILED", "REFUNDED", "PENDING"]))
+def test_a_record_and_a_webhook_with_the_same_fields_get_the_same_outcome(
+        event: str, code: int | None, status: str | None) -> None:
+    """Otherwise a check calls a webhook-kept state a status_mismatch that is not one."""
+    assert record_outcome(event, code, status) == webhook_outcome(event, code)
 
 
 @given(st.integers(1, 30), st.floats(0.01, 2), st.floats(0.01, 60))
