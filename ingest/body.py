@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from starlette.requests import ClientDisconnect
 from starlette.types import Receive
 
-from ingest.errors import BodyTooLarge, BodyTooSlow
+from ingest.errors import BodyIncomplete, BodyTooLarge, BodyTooSlow
 from ingest.incoming import DeliveryRequest, ready_body
 
 BODY_TIMEOUT_S = 10.0
@@ -16,7 +15,8 @@ BODY_TIMEOUT_S = 10.0
 async def read_limited(request: DeliveryRequest, limit: int,
                        timeout_s: float = BODY_TIMEOUT_S) -> bytes:
     """The whole body, or :class:`BodyTooLarge` as soon as it passes ``limit`` bytes, or
-    :class:`BodyTooSlow` when it has not all arrived after ``timeout_s``.
+    :class:`BodyTooSlow` when it has not all arrived after ``timeout_s``, or
+    :class:`BodyIncomplete` when the client goes away first.
 
     A declared ``Content-Length`` over the limit is refused before a byte is read; a client
     trickling its body cannot hold a request (and its memory) open for ever.
@@ -38,14 +38,17 @@ async def read_limited(request: DeliveryRequest, limit: int,
 
 
 async def _read(receive: Receive, limit: int) -> bytes:
-    """The ASGI ``http.request`` messages' bodies, joined; a client that goes away first
-    raises Starlette's :class:`ClientDisconnect`, as reading through a ``Request`` did."""
+    """The ASGI ``http.request`` messages' bodies, joined; a client that goes away first is
+    :class:`BodyIncomplete` with what it sent (an exception nobody caught, answered 500 and
+    recorded nowhere, before)."""
     chunks: list[bytes] = []
     size = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise ClientDisconnect()
+            raise BodyIncomplete("client_disconnected",
+                                 f"the connection closed after {size} bytes of the body",
+                                 b"".join(chunks))
         if message["type"] != "http.request":
             continue
         chunk = message.get("body", b"")

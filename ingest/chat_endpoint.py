@@ -33,7 +33,7 @@ from ingest.chat_body import (
     user_agent_of,
 )
 from ingest.chat_secrets import MAX_PHONE_NUMBER_ID, ChatSecretStore
-from ingest.errors import BodyError, BodyTooLarge, BodyTooSlow
+from ingest.errors import BodyError, BodyIncomplete, BodyTooLarge, BodyTooSlow
 from ingest.headers import masked, safe_headers
 from ingest.incoming import DeliveryRequest, path_label
 from ingest.json_body import parse_object
@@ -94,6 +94,9 @@ class ChatEndpoint:
             return await self._refuse(refusal(413, exc.reason, exc.detail, b"", 0, False))
         except BodyTooSlow as exc:
             return await self._refuse(refusal(408, exc.reason, exc.detail, b"", 0, False))
+        except BodyIncomplete as exc:
+            return await self._refuse(refusal(400, exc.reason, exc.detail, exc.received,
+                                              len(exc.received), False))
 
         try:
             secrets = await self._secrets.valid_secrets(phone_number_id, received_at)

@@ -5,7 +5,9 @@
     │                       JSON object (or a chat body for another number); a readable
     │                       object with unreadable fields is kept as ``*.malformed`` instead
     ├── BodyTooLarge        a body over the size limit (HTTP 413)
-    └── BodyTooSlow         a body not received in time (HTTP 408)
+    ├── BodyTooSlow         a body not received in time (HTTP 408)
+    └── BodyIncomplete      the client went away before its body ended (recorded; nobody is
+                            left to read the 400)
 """
 
 from __future__ import annotations
@@ -30,3 +32,13 @@ class BodyTooLarge(IngestError):
 
 class BodyTooSlow(IngestError):
     """The body did not arrive within the time allowed (a stalled or hostile client)."""
+
+
+class BodyIncomplete(IngestError):
+    """The connection closed before the whole body arrived. Recorded with what did arrive:
+    the general system never sends a delivery again, so the bytes it cut off (a reference,
+    often) are the only trace of a payment to look up."""
+
+    def __init__(self, reason: str, detail: str | None, received: bytes) -> None:
+        super().__init__(reason, detail)
+        self.received = received

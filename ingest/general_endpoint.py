@@ -19,7 +19,7 @@ from ingest import general_signature, responses
 from ingest.accepting import Envelope, append_and_answer
 from ingest.appender import BatchingAppender
 from ingest.body import BODY_TIMEOUT_S, read_limited
-from ingest.errors import BodyError, BodyTooLarge, BodyTooSlow
+from ingest.errors import BodyError, BodyIncomplete, BodyTooLarge, BodyTooSlow
 from ingest.general_body import (
     MALFORMED_EVENT_TYPE,
     read_general_or_malformed,
@@ -78,6 +78,9 @@ class GeneralEndpoint:
             return await self._refuse(refusal(413, exc.reason, exc.detail, b"", 0, False))
         except BodyTooSlow as exc:
             return await self._refuse(refusal(408, exc.reason, exc.detail, b"", 0, False))
+        except BodyIncomplete as exc:
+            return await self._refuse(refusal(400, exc.reason, exc.detail, exc.received,
+                                              len(exc.received), False))
 
         secret = self._secrets.get(name)
         if secret is None:

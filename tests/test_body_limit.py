@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from starlette.datastructures import Headers
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 
 from ingest.body import read_limited
-from ingest.errors import BodyTooLarge
+from ingest.errors import BodyIncomplete, BodyTooLarge
 from ingest.incoming import Incoming, RawHeaders
 
 pytestmark = pytest.mark.anyio
@@ -48,13 +48,20 @@ async def test_a_body_at_the_limit_is_read_whole() -> None:
     assert await read_limited(request, limit=1000) == b"a" * 600 + b"b" * 400
 
 
-async def test_a_client_gone_before_its_body_is_a_disconnect_not_a_body() -> None:
+async def test_a_client_gone_before_its_body_ends_is_refused_with_what_it_sent() -> None:
+    messages: list[dict[str, object]] = [
+        {"type": "http.request", "body": b'{"reference": "R-', "more_body": True},
+        {"type": "http.request", "body": b'17", "am', "more_body": True},
+        {"type": "http.disconnect"}]
+
     async def receive() -> dict[str, object]:
-        return {"type": "http.disconnect"}
+        return messages.pop(0)
 
     incoming = Incoming({"headers": []}, receive, {})
-    with pytest.raises(ClientDisconnect):
+    with pytest.raises(BodyIncomplete) as caught:
         await read_limited(incoming, limit=1000)
+    assert caught.value.reason == "client_disconnected"
+    assert caught.value.received == b'{"reference": "R-17", "am'
 
 
 header_names = st.sampled_from(["Content-Length", "content-type", "X-Service-Signature",

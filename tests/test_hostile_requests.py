@@ -252,6 +252,29 @@ def test_slow_clients_get_408_and_never_hold_up_a_genuine_delivery(db_url: str) 
                         "GROUP BY reason") == [("body_timeout", 20)]
 
 
+@pytest.mark.parametrize("path", ["/webhooks/general/primary", "/webhooks/chat/15550001"])
+def test_a_client_gone_mid_body_is_recorded_with_what_it_sent(db_url: str, path: str) -> None:
+    """Not an unhandled error answered 500 and recorded nowhere: for the general system, which
+    never sends again, the cut-off bytes are all that is left of the delivery to look up."""
+    with running_service(db_url, general_secrets=f"primary={SECRETS['primary']}") as base:
+        host, port = base.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\n".encode()
+                         + b"Content-Type: application/json\r\nContent-Length: 500\r\n\r\n"
+                         + b'{"reference": "CUT-1"')
+            time.sleep(0.2)  # the body has started arriving when the client goes
+        wait_for(lambda: rows(db_url, "SELECT count(*) FROM hookledger.rejected_deliveries"
+                              ) == [(1,)])
+        answer = post(base, "primary", encode(GOOD), secret=SECRETS["primary"])
+        assert answer.status_code == 200  # and the service is as it was
+    [(reason, body, detail)] = rows(
+        db_url, "SELECT reason, convert_from(body_prefix, 'UTF8'), detail "
+                "FROM hookledger.rejected_deliveries")
+    assert reason == "client_disconnected" and body == '{"reference": "CUT-1"'
+    assert detail == "the connection closed after 21 bytes of the body"
+    assert rows(db_url, "SELECT count(*) FROM hookledger.ledger") == [(1,)]
+
+
 def test_a_nul_in_the_path_is_refused_and_recorded_escaped(service: str, db_url: str) -> None:
     """``%00`` decodes to a NUL, which PostgreSQL text refuses: the refusal was answered
     but never recorded, and the NUL went to the log as it was."""
