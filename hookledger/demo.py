@@ -28,7 +28,7 @@ import psycopg
 from hookledger import logs, migrate
 from hookledger.app import create_app
 from hookledger.database import database
-from projections.projector import catch_up
+from projections.projector import catch_up, connect
 from reconcile.client import ReferenceClient
 from reconcile.report import build_report, load_rows, render_html
 from reconcile.runner import PassConfig, PassResult, Reconciler
@@ -160,8 +160,7 @@ PROJECTION_COUNTS = [
 def _projections(ctx: DemoContext) -> list[str]:
     """What the views show once the projector has applied everything, recoveries included."""
     async def project_everything() -> None:
-        async with await psycopg.AsyncConnection.connect(ctx.database_url,
-                                                         autocommit=True) as conn:
+        async with await connect(ctx.database_url) as conn:
             await catch_up(conn, batch_size=1000)
     asyncio.run(project_everything())
     lines = ["projections (SQL views in schema hookledger):"]

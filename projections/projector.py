@@ -72,10 +72,23 @@ async def connect(url: str, *, application_name: str | None = None) -> Connectio
     extra: dict[str, Any] = {"application_name": application_name} if application_name else {}
     conn = await psycopg.AsyncConnection.connect(url, autocommit=True, connect_timeout=10,
                                                  **extra)
-    await conn.execute("SET TimeZone = 'UTC'")
     await read_committed(conn)  # its batches append discrepancies
-    use_fast_json(conn)
+    await ready_for_folding(conn)
     return conn
+
+
+async def ready_for_folding(conn: Connection) -> None:
+    """Set up a connection as :func:`connect` does for folding: its session in UTC, orjson.
+
+    Folds do arithmetic on times (a chat window is 24 hours). In a session whose zone keeps
+    summer time the driver builds datetimes with a ``ZoneInfo``, where adding 24 hours is
+    wall-clock time (23 real hours across the spring night) and comparing two in the
+    repeated autumn hour ignores which of them is the later: a reconciliation pass folding
+    on its own connection stored other rows than the live projector and ``rebuild``.
+    """
+    if conn.info.parameter_status("TimeZone") != "UTC":
+        await conn.execute("SET TimeZone = 'UTC'")
+    use_fast_json(conn)
 
 
 def use_fast_json(conn: Connection) -> None:
@@ -338,7 +351,12 @@ async def project_batch(conn: Connection, *, batch_size: int = 1000, emit: bool 
                         projections: Sequence[Projection] = PROJECTIONS,
                         lock_wait_s: float | None = None) -> int:
     """Apply the next batch in one transaction; return how many events it held.
-    ``lock_wait_s`` bounds the wait for the checkpoint (see :func:`lock_checkpoint`)."""
+    ``lock_wait_s`` bounds the wait for the checkpoint (see :func:`lock_checkpoint`).
+
+    A connection whose session is not in UTC is set up first (:func:`ready_for_folding`):
+    whoever opened it, the rows folded on it are the ones every other fold would store."""
+    if conn.info.parameter_status("TimeZone") != "UTC":
+        await ready_for_folding(conn)
     async with conn.transaction():
         after = await lock_checkpoint(conn, wait_s=lock_wait_s)
         events = await read_in(conn, after, batch_size, facts_only=True)

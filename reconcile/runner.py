@@ -26,7 +26,7 @@ import structlog
 
 from ledger import AppendResult, NewEvent
 from ledger.store import append_in, read_committed
-from projections.projector import catch_up
+from projections.projector import catch_up, ready_for_folding
 from reconcile import store
 from reconcile.checks import Local, Verdict, decide, settle
 from reconcile.client import Lookup
@@ -161,6 +161,7 @@ class Reconciler:
                 result.skipped = True
                 return result
             await read_committed(conn)  # a pass appends
+            await ready_for_folding(conn)  # and folds (catch_up), as the projector does
             await self._pass(conn, result, now)
             await self._observe(conn)
         result.seconds = time.perf_counter() - started

@@ -151,6 +151,41 @@ def test_rebuild_gives_exactly_what_the_live_projector_built(db_url: str) -> Non
     assert applied_counts(db_url) == expected_applications(events)
 
 
+def test_a_connection_in_a_summer_time_zone_folds_what_rebuild_folds(db_url: str) -> None:
+    """A reconciliation pass folded on its own connection, in the server's zone. In a zone
+    with summer time the driver's datetimes did wall-clock arithmetic: a customer's window
+    opened at noon the day before the spring change closed after 23 hours, not 24, and
+    ``rebuild --verify`` called the row different."""
+    from datetime import UTC, datetime, timedelta
+
+    from ingest.chat_body import DeliveryMeta, read_chat
+    from ingest.json_body import parse_object
+    from tests.chat_events import PHONE, encode, inbound
+
+    opened = datetime(2026, 3, 28, 11, tzinfo=UTC)  # 12:00 in Berlin; clocks go on that night
+    raw = encode(inbound(timestamp=str(int(opened.timestamp()))))
+    read = read_chat(parse_object(raw)[0], DeliveryMeta(phone_number_id=PHONE,
+                                                        delivery_id="dst-1", attempt=1,
+                                                        user_agent=None))
+    asyncio.run(append_all(db_url, [NewEvent(
+        stream=read.stream, event_type=read.event_type, source="chat",
+        dedupe_key=read.dedupe_key, payload_json=raw.decode(), received_at=opened,
+        facts=read.facts, occurred_at=read.occurred_at, raw_body=raw)]))
+
+    async def fold_in_berlin() -> None:
+        async with await psycopg.AsyncConnection.connect(
+                db_url, autocommit=True, options="-c TimeZone=Europe/Berlin") as conn:
+            while await project_batch(conn):
+                pass
+
+    asyncio.run(fold_in_berlin())
+    with psycopg.connect(db_url) as conn:
+        [(expires,)] = conn.execute(
+            "SELECT window_expires_at FROM hookledger.chat_threads").fetchall()
+    assert expires - opened == timedelta(hours=24)
+    assert asyncio.run(verify(db_url)).identical
+
+
 def test_a_new_subjects_row_is_copied_in_a_known_one_updated_and_neither_ever_doubled(
         db_url: str) -> None:
     """The live projector copies the row of a subject new to a projection straight into
