@@ -21,6 +21,7 @@ from typing import Any
 import psycopg
 
 from ledger.instants import storable_instant
+from ledger.jsonenc import jsonb_can_hold
 from reconcile.errors import ExpectationInvalid, ReconcileError
 
 KINDS = ("collection", "payout", "sms")
@@ -89,6 +90,8 @@ def parse_expectation(data: Any, *, now: datetime) -> Expectation:
             or len(reference) > MAX_REFERENCE:
         raise ExpectationInvalid(f"reference must be a string of 1 to {MAX_REFERENCE} "
                                  "characters")
+    if not jsonb_can_hold(reference):  # the database's text refuses it: a 500, before
+        raise ExpectationInvalid("reference must not hold a NUL or half a character")
     kind = data.get("kind")
     if kind not in KINDS:
         raise ExpectationInvalid("kind must be collection, payout or sms")

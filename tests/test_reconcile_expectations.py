@@ -37,6 +37,9 @@ def test_the_expectations_api_authenticates_validates_and_is_idempotent(db_url: 
             b'{"reference": "E-2", "kind": "payout", "amount": 5, "initiated_at": "2026-11-22"}',
             b'{"reference": "E-2", "kind": "payout", "amount": 5, "extra": 1}',
             b'{"reference": "", "kind": "payout", "amount": 5}',
+            # text the database cannot hold: a 500 with a traceback, before
+            b'{"reference": "E\\u0000-2", "kind": "payout", "amount": 5}',
+            b'{"reference": "E\\ud800-2", "kind": "payout", "amount": 5}',
         ]
         for raw in bad_bodies:
             answer = httpx.post(url, content=raw, headers=auth)
