@@ -45,7 +45,12 @@ from ingest.chat_api import (
     ChatApiUnavailable,
     SecretFieldMissing,
 )
-from ingest.chat_secrets import ChatSecretStore, fingerprint, valid_phone_number_id
+from ingest.chat_secrets import (
+    ChatSecretError,
+    ChatSecretStore,
+    fingerprint,
+    valid_phone_number_id,
+)
 from ingest.durable import fsync_folder
 from ingest.errors import IngestError
 from ledger import LedgerError, LedgerStore, NewEvent
@@ -125,8 +130,15 @@ async def rotate(api: ChatApi, secrets: ChatSecretStore, ledger: LedgerStore,
     if not valid_phone_number_id(phone_number_id):
         raise RotationError("invalid_phone_number_id",
                             f"phone number id {phone_number_id[:80]!r} is not a valid id")
-    secret = await api.rotate_secret(phone_number_id)
-    return await keep_secret(secrets, ledger, phone_number_id, secret, via=via, clock=clock)
+    try:
+        # only taking the lock raises ChatSecretError: keep_secret turns whatever storing
+        # raises into SecretNotStored, and the provider's errors are ChatApiError
+        async with secrets.rotation_lock(phone_number_id):
+            secret = await api.rotate_secret(phone_number_id)
+            return await keep_secret(secrets, ledger, phone_number_id, secret, via=via,
+                                     clock=clock)
+    except ChatSecretError as exc:
+        raise RotationError(exc.reason, exc.detail) from None
 
 
 def rescue_to_file(home: Path, phone_number_id: str, label: str, secret: str,
@@ -304,7 +316,8 @@ async def admin_rotate_secret(request: Request) -> Response:
         outcome = await asyncio.shield(asyncio.create_task(
             rotate_or_rescue(ops, make_api, phone_number_id)))
     except RotationError as exc:
-        return _answer(400, error=exc.reason, detail=exc.detail)
+        status = {"rotation_in_progress": 409, "database_unavailable": 503}.get(exc.reason, 400)
+        return _answer(status, error=exc.reason, detail=exc.detail)
     except ChatApiUnavailable as exc:
         return _answer(503, error="provider_unavailable", detail=str(exc))
     except ChatApiRefused as exc:

@@ -24,9 +24,10 @@ Secrets never leave this module except as ``bytes`` handed to the verifier: only
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -143,6 +144,46 @@ class ChatSecretStore:
         self.queries = 0
 
     # -- writes ---------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def rotation_lock(self, phone_number_id: str) -> AsyncIterator[None]:
+        """Held around asking the provider for a new secret and storing it.
+
+        Two rotations of one number at once (two operators, the CLI beside the admin route)
+        each got a secret; the provider signs with the later, and the one stored last was
+        current, retiring the provider's own after the grace, from when every delivery of
+        the number was refused. The second is refused instead (``rotation_in_progress``),
+        before it asks the provider; a database that cannot be reached refuses it too
+        (``database_unavailable``): a secret that could not be stored is not asked for.
+
+        A transaction's lock, on a connection of its own: it ends with the transaction,
+        however the rotation ends (the pool rolls back or drops a connection handed back
+        mid-transaction, cancelled or broken)."""
+        params = {"phone_number_id": phone_number_id}
+        try:
+            conn = await self._pool.getconn(timeout=self._acquire_timeout_s)
+        except psycopg.Error as exc:  # PoolTimeout too
+            raise ChatSecretError(
+                "database_unavailable",
+                f"database unavailable ({type(exc).__name__}); nothing rotated") from None
+        try:
+            try:
+                await conn.execute("BEGIN")
+                cur = await conn.execute(_sql("chat_secrets_rotation_lock"), params)
+                row = await cur.fetchone()
+            except psycopg.Error as exc:
+                raise ChatSecretError(
+                    "database_unavailable",
+                    f"database unavailable ({type(exc).__name__}); nothing rotated") from None
+            if not (row and row[0]):
+                raise ChatSecretError(
+                    "rotation_in_progress",
+                    f"another rotation of {phone_number_id} is in progress; nothing rotated")
+            yield
+        finally:
+            with contextlib.suppress(psycopg.Error):
+                await conn.execute("ROLLBACK")  # the lock is all it held
+            await self._pool.putconn(conn)
 
     async def store_rotated(self, phone_number_id: str, new_secret: str,
                             now: datetime) -> str:

@@ -13,7 +13,7 @@ import os
 import shlex
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -433,6 +433,10 @@ def test_a_caller_who_hangs_up_still_gets_an_unstored_secret_rescued(tmp_path: P
                 return "issued-once-never-again-7"
 
         class Secrets:
+            @contextlib.asynccontextmanager
+            async def rotation_lock(self, _: str) -> AsyncIterator[None]:
+                yield
+
             async def store_rotated(self, *_: Any) -> str:
                 stored.set()
                 raise LedgerUnavailable("the database is away")
@@ -483,3 +487,51 @@ def test_a_store_cancelled_midway_still_hands_the_secret_back() -> None:
     error = asyncio.run(scenario())
     assert error.reveal() == "issued-once-never-again-8"
     assert "issued-once-never-again-8" not in str(error)
+
+
+def test_a_second_rotation_of_a_number_is_refused_while_the_first_is_under_way(
+        db_url: str) -> None:
+    """Both would get a secret from the provider, which signs with the later; the one
+    stored last was current, and the provider's own was retired after the grace, from when
+    every delivery of the number was refused. The second is refused before it asks."""
+    from psycopg_pool import AsyncConnectionPool
+
+    from ingest.chat_rotation import RotationError, rotate
+    from ingest.chat_secrets import ChatSecretStore
+    from ledger import LedgerStore
+
+    async def scenario() -> tuple[list[str], str, str]:
+        asked: list[str] = []
+        answer = asyncio.Event()
+
+        class Api:
+            async def rotate_secret(self, phone_number_id: str) -> str:
+                asked.append(phone_number_id)
+                await answer.wait()  # the provider takes its time over the first
+                return f"issued-{len(asked)}-never-again"
+
+        async with AsyncConnectionPool(db_url, min_size=2, max_size=4,
+                                       kwargs={"autocommit": True}) as pool:
+            secrets = ChatSecretStore(pool, grace_s=600)
+            ledger = LedgerStore(pool)
+            first = asyncio.create_task(rotate(Api(), secrets, ledger, PHONE, via="cli"))  # type: ignore[arg-type]
+            while not asked:
+                await asyncio.sleep(0.01)
+            with pytest.raises(RotationError) as refused:
+                await rotate(Api(), secrets, ledger, PHONE, via="cli")  # type: ignore[arg-type]
+            answer.set()
+            done = await first
+            # once the first is stored, the number can be rotated again
+            again = await rotate(Api(), secrets, ledger, PHONE, via="cli")  # type: ignore[arg-type]
+            async with pool.connection() as conn:
+                cur = await conn.execute(
+                    "SELECT label FROM hookledger_private.chat_secrets "
+                    "WHERE phone_number_id = %s AND retired_at IS NULL", (PHONE,))
+                [(current,)] = await cur.fetchall()
+            assert refused.value.reason == "rotation_in_progress"
+            assert done.label == fingerprint("issued-1-never-again")
+            return asked, again.label, current
+
+    asked, label, current = asyncio.run(scenario())
+    assert asked == [PHONE, PHONE]  # the refused one never asked the provider
+    assert current == label == fingerprint("issued-2-never-again")
