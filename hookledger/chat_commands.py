@@ -32,6 +32,7 @@ from ingest.chat_rotation import (
     SecretNotStored,
     answer_kept_advice,
     answer_lost_advice,
+    issued_at_of,
     keep_secret,
     rescue_answer_to_file,
     rotate,
@@ -227,8 +228,11 @@ def store_secret(phone_number_id: str, from_file: Path | None, field: str | None
         pool = await _open_pool(url)
         try:
             secrets = ChatSecretStore(pool, grace_s=settings.rotation_grace_s)
+            # a rescued secret whose number has rotated since is refused (superseded):
+            # installing it would retire the secret the provider signs with now
             return await keep_secret(secrets, LedgerStore(pool), phone_number_id, secret,
-                                     via="store-secret")
+                                     via="store-secret",
+                                     issued_at=issued_at_of(from_file) if from_file else None)
         finally:
             await pool.close()
 

@@ -27,10 +27,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -100,19 +101,22 @@ def rotation_event(phone_number_id: str, label: str, at: datetime, *, via: str) 
 
 
 async def keep_secret(secrets: ChatSecretStore, ledger: LedgerStore, phone_number_id: str,
-                      secret: str, *, via: str,
+                      secret: str, *, via: str, issued_at: datetime | None = None,
                       clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> Rotated:
-    """Store a just-issued secret, then record the rotation. Raises :class:`SecretNotStored`."""
+    """Store a just-issued secret, then record the rotation. Raises :class:`SecretNotStored`,
+    or :class:`RotationError` ``superseded`` for a secret issued at ``issued_at`` that a
+    later rotation has replaced (nothing to rescue: see :func:`install_in`)."""
     at = clock()
     try:
-        label = await secrets.store_rotated(phone_number_id, secret, at)
+        label = await secrets.store_rotated(phone_number_id, secret, at, issued_at=issued_at)
+    except ChatSecretError as exc:
+        if exc.reason != "superseded":
+            raise _not_stored(phone_number_id, secret, exc) from None
+        raise RotationError(exc.reason, f"{exc.detail}; nothing changed") from None
     # whatever failed, the secret goes back out: cancellation too (Ctrl-C on a database that
     # hangs, a shutdown), which is no Exception and took the secret with it, never shown
     except (Exception, asyncio.CancelledError) as exc:  # noqa: BLE001
-        cause = getattr(exc, "reason", None) or type(exc).__name__
-        log.error("chat_secret.not_stored", phone_number_id=phone_number_id,
-                  label=fingerprint(secret), cause=cause)
-        raise SecretNotStored(phone_number_id, fingerprint(secret), cause, secret) from None
+        raise _not_stored(phone_number_id, secret, exc) from None
     try:
         await ledger.append([rotation_event(phone_number_id, label, at, via=via)])
         recorded = True
@@ -121,6 +125,27 @@ async def keep_secret(secrets: ChatSecretStore, ledger: LedgerStore, phone_numbe
                     label=label, error=type(exc).__name__)
         recorded = False
     return Rotated(phone_number_id, label, at, recorded)
+
+
+def _not_stored(phone_number_id: str, secret: str, exc: BaseException) -> SecretNotStored:
+    cause = getattr(exc, "reason", None) or type(exc).__name__
+    log.error("chat_secret.not_stored", phone_number_id=phone_number_id,
+              label=fingerprint(secret), cause=cause)
+    return SecretNotStored(phone_number_id, fingerprint(secret), cause, secret)
+
+
+RESCUED_NAME = re.compile(r"-(\d{8}T\d{6})(?:\.\d+)?Z(?:-[0-9a-f]+\.secret|\.answer\.json)$")
+
+
+def issued_at_of(kept_in: Path) -> datetime | None:
+    """By when the secret kept in a rescue file was issued, by the file's name (see
+    :func:`rescue_to_file`, :func:`rescue_answer_to_file`): the end of the second it names,
+    since the file is written after the answer came. None for another name. Pure."""
+    found = RESCUED_NAME.search(kept_in.name)
+    if found is None:
+        return None
+    named = datetime.strptime(found.group(1), "%Y%m%dT%H%M%S").replace(tzinfo=UTC)
+    return named + timedelta(seconds=1)
 
 
 async def rotate(api: ChatApi, secrets: ChatSecretStore, ledger: LedgerStore,

@@ -94,11 +94,15 @@ def _sql(name: str) -> str:
 
 
 async def install_in(conn: psycopg.AsyncConnection[Any], phone_number_id: str, secret: str,
-                     now: datetime, *, source: str) -> Installed:
+                     now: datetime, *, source: str,
+                     issued_at: datetime | None = None) -> Installed:
     """Make ``secret`` the number's current one, within the caller's transaction.
 
     Idempotent for the current secret. A known retired secret is left retired: a rotation
-    that hands one back is refused, a bootstrap of one changes nothing.
+    that hands one back is refused, a bootstrap of one changes nothing. A secret the
+    provider issued at ``issued_at`` (one rescued when storing it failed) is refused when
+    the current one was stored after that: a later rotation has replaced it at the
+    provider, and installing it would retire the secret the provider signs with.
     """
     _check(phone_number_id, secret)
     label = fingerprint(secret)
@@ -114,6 +118,15 @@ async def install_in(conn: psycopg.AsyncConnection[Any], phone_number_id: str, s
                 "retired_secret",
                 f"refusing to reinstate retired secret {label} of {phone_number_id}")
         return Installed(label, changed=False)
+    if issued_at is not None:
+        cur = await conn.execute(_sql("chat_secrets_current"), params)
+        current = await cur.fetchone()
+        if current is not None and current[1] > issued_at:
+            raise ChatSecretError(
+                "superseded",
+                f"{current[0]} has been the current secret of {phone_number_id} since "
+                f"{current[1].isoformat()}, after this one ({label}) was issued at "
+                f"{issued_at.isoformat()}: a later rotation replaced it at the provider")
     cur = await conn.execute(_sql("chat_secrets_retire_current"), params)
     retired = tuple(row[0] for row in await cur.fetchall())
     await conn.execute(_sql("chat_secrets_insert"), params)
@@ -186,7 +199,7 @@ class ChatSecretStore:
             await self._pool.putconn(conn)
 
     async def store_rotated(self, phone_number_id: str, new_secret: str,
-                            now: datetime) -> str:
+                            now: datetime, *, issued_at: datetime | None = None) -> str:
         """Keep a secret the provider just issued; retire the previous one. Returns its label.
 
         One transaction; committed when this returns. Call it before anything else can fail:
@@ -195,7 +208,7 @@ class ChatSecretStore:
         async with translated_errors(), self._pool.connection() as conn:
             async with conn.transaction():
                 installed = await install_in(conn, phone_number_id, new_secret, now,
-                                             source="rotation")
+                                             source="rotation", issued_at=issued_at)
         self._cache.pop(phone_number_id, None)
         log.info("chat_secret.rotated", phone_number_id=phone_number_id,
                  label=installed.label, retired=list(installed.retired),

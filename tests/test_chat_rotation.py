@@ -14,6 +14,7 @@ import shlex
 import stat
 import time
 from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -30,7 +31,10 @@ from ingest.chat_rotation import (
     ChatOps,
     SecretNotStored,
     admin_rotate_secret,
+    issued_at_of,
     keep_secret,
+    rescue_answer_to_file,
+    rescue_to_file,
     store_secret_command,
 )
 from ingest.chat_secrets import fingerprint
@@ -221,6 +225,35 @@ def test_admin_storing_failure_rescues_the_secret_to_a_private_file(
     raw = encode(inbound(message_id="wamid.RESCUED"))
     wait_for(lambda: post_chat(service, PHONE, raw, new_secret,
                                delivery_id="rescued").status_code == 200, timeout_s=5)
+
+
+def test_a_rescued_secret_a_later_rotation_replaced_is_not_stored_over_it(
+        service: str, sandbox: Sandbox, db_url: str, tmp_path: Path) -> None:
+    """The first rotation's secret could not be stored and was rescued; the operator
+    rotated again, which worked. Running the first rescue's printed command afterwards
+    made the rescued secret current and retired the one the provider signs with."""
+    execute(db_url, HIDE_TABLE)
+    failed = admin_rotate(service)
+    execute(db_url, SHOW_TABLE)
+    assert failed.status_code == 500
+    time.sleep(1.1)  # the rescue file names its second
+    assert admin_rotate(service).status_code == 200
+    signing = sandbox.state.number(PHONE).secret  # type: ignore[union-attr]
+    result = invoke(printed_command(failed.json()["command"])[1:],
+                    cli_env(db_url, sandbox.url, str(tmp_path)))
+    assert result.exit_code == 1 and "superseded" in result.output, result.output
+    assert "a later rotation replaced it" in result.output
+    current = [secret for secret, retired in stored_secrets(db_url).items() if retired is None]
+    assert current == [signing]
+
+
+def test_a_rescue_files_name_says_by_when_its_secret_was_issued(tmp_path: Path) -> None:
+    at = datetime(2026, 11, 27, 8, 30, 15, 250000, tzinfo=UTC)
+    secret_file = rescue_to_file(tmp_path, PHONE, "sha256:0123456789ab", "s", at)
+    answer_file = rescue_answer_to_file(tmp_path, PHONE, {"x": "y"}, at)
+    for kept in (secret_file, answer_file):
+        assert issued_at_of(kept) == datetime(2026, 11, 27, 8, 30, 16, tzinfo=UTC)
+    assert issued_at_of(tmp_path / "my-secret.txt") is None
 
 
 @pytest.mark.parametrize("phone", ["-15550001111", "1555_0002222"])
@@ -437,7 +470,7 @@ def test_a_caller_who_hangs_up_still_gets_an_unstored_secret_rescued(tmp_path: P
             async def rotation_lock(self, _: str) -> AsyncIterator[None]:
                 yield
 
-            async def store_rotated(self, *_: Any) -> str:
+            async def store_rotated(self, *_: Any, **__: Any) -> str:
                 stored.set()
                 raise LedgerUnavailable("the database is away")
 
@@ -471,7 +504,7 @@ def test_a_store_cancelled_midway_still_hands_the_secret_back() -> None:
         storing = asyncio.Event()
 
         class Secrets:
-            async def store_rotated(self, *_: Any) -> str:
+            async def store_rotated(self, *_: Any, **__: Any) -> str:
                 storing.set()
                 await asyncio.sleep(3600)  # a database that does not answer
                 raise AssertionError("not reached")
