@@ -236,8 +236,11 @@ def _private_file(home: Path, name: str, content: bytes) -> Path:
     """A new file only its owner reads, in a folder only its owner enters; fsynced, and so
     is the folder's entry for it."""
     folder = home / RESCUE_DIR
+    created = not folder.exists()
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(folder, 0o700)
+    if created:  # the folder's own entry, or a crash could take the folder and the secret
+        fsync_folder(home)
     path = folder / name
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as out:  # a buffered write takes all of it, as chat media's does
