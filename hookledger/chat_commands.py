@@ -106,7 +106,7 @@ def _report(rotated: Rotated, settings: Settings) -> None:
                    "ledger event could not be written", err=True)
 
 
-def _rescue(exc: SecretNotStored) -> NoReturn:
+def _show_secret(exc: SecretNotStored) -> None:
     # the only place the secret is ever shown: once, to the operator, on stderr
     click.echo(
         f"hookledger: WARNING: {exc}.\n"
@@ -115,7 +115,6 @@ def _rescue(exc: SecretNotStored) -> NoReturn:
         f"'{store_secret_command(exc.phone_number_id, None)}' and paste it "
         f"(or set HOOKLEDGER_CHAT_SECRETS={exc.phone_number_id}=<secret> and restart).\n"
         f"NEW SECRET ({exc.label}): {exc.reveal()}", err=True)
-    sys.exit(EXIT_SECRET_NOT_STORED)
 
 
 def _rescue_answer(settings: Settings, phone_number_id: str,
@@ -176,13 +175,21 @@ def rotate_secret(phone_number_id: str) -> None:
     if not settings.api_key:
         _fail("HOOKLEDGER_API_KEY is not set", EXIT_USAGE)
 
+    shown: list[SecretNotStored] = []
+
+    def show(exc: SecretNotStored) -> None:
+        # at once, from inside the store's failure: before the pool and the API client
+        # close, during which a second Ctrl-C ended the command with the secret unshown
+        _show_secret(exc)
+        shown.append(exc)
+
     async def run(url: str) -> Rotated:
         pool = await _open_pool(url)
         try:
             secrets = ChatSecretStore(pool, grace_s=settings.rotation_grace_s)
             async with _api(settings) as api:
                 return await rotate(api, secrets, LedgerStore(pool), phone_number_id,
-                                    via="cli")
+                                    via="cli", on_not_stored=show)
         finally:
             await pool.close()
 
@@ -190,8 +197,12 @@ def rotate_secret(phone_number_id: str) -> None:
         migrate.upgrade(url)  # before the provider issues a secret there must be a table for it
         try:
             rotated = asyncio.run(run(url))
+        except KeyboardInterrupt:
+            sys.exit(EXIT_SECRET_NOT_STORED if shown else 130)
         except SecretNotStored as exc:
-            _rescue(exc)
+            if not shown:
+                _show_secret(exc)
+            sys.exit(EXIT_SECRET_NOT_STORED)
         except SecretFieldMissing as exc:
             _rescue_answer(settings, phone_number_id, exc)
         except RotationError as exc:

@@ -100,23 +100,35 @@ def rotation_event(phone_number_id: str, label: str, at: datetime, *, via: str) 
                     payload_json=dumps(payload), received_at=at, facts=payload)
 
 
+NotStoredHandler = Callable[[SecretNotStored], None]
+
+
 async def keep_secret(secrets: ChatSecretStore, ledger: LedgerStore, phone_number_id: str,
                       secret: str, *, via: str, issued_at: datetime | None = None,
+                      on_not_stored: NotStoredHandler | None = None,
                       clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> Rotated:
     """Store a just-issued secret, then record the rotation. Raises :class:`SecretNotStored`,
     or :class:`RotationError` ``superseded`` for a secret issued at ``issued_at`` that a
-    later rotation has replaced (nothing to rescue: see :func:`install_in`)."""
+    later rotation has replaced (nothing to rescue: see :func:`install_in`).
+
+    ``on_not_stored`` is called with the secret that could not be stored before anything
+    else happens, also when what interrupted the store is no error to raise it with: a
+    second Ctrl-C raises KeyboardInterrupt, which ended the command with the secret in an
+    exception nobody caught, never shown."""
     at = clock()
     try:
         label = await secrets.store_rotated(phone_number_id, secret, at, issued_at=issued_at)
     except ChatSecretError as exc:
         if exc.reason != "superseded":
-            raise _not_stored(phone_number_id, secret, exc) from None
+            raise _not_stored(phone_number_id, secret, exc, on_not_stored) from None
         raise RotationError(exc.reason, f"{exc.detail}; nothing changed") from None
     # whatever failed, the secret goes back out: cancellation too (Ctrl-C on a database that
     # hangs, a shutdown), which is no Exception and took the secret with it, never shown
     except (Exception, asyncio.CancelledError) as exc:  # noqa: BLE001
-        raise _not_stored(phone_number_id, secret, exc) from None
+        raise _not_stored(phone_number_id, secret, exc, on_not_stored) from None
+    except BaseException as exc:  # KeyboardInterrupt, SystemExit: handed over, then go on
+        _not_stored(phone_number_id, secret, exc, on_not_stored)
+        raise
     try:
         await ledger.append([rotation_event(phone_number_id, label, at, via=via)])
         recorded = True
@@ -127,11 +139,15 @@ async def keep_secret(secrets: ChatSecretStore, ledger: LedgerStore, phone_numbe
     return Rotated(phone_number_id, label, at, recorded)
 
 
-def _not_stored(phone_number_id: str, secret: str, exc: BaseException) -> SecretNotStored:
+def _not_stored(phone_number_id: str, secret: str, exc: BaseException,
+                on_not_stored: NotStoredHandler | None) -> SecretNotStored:
     cause = getattr(exc, "reason", None) or type(exc).__name__
     log.error("chat_secret.not_stored", phone_number_id=phone_number_id,
               label=fingerprint(secret), cause=cause)
-    return SecretNotStored(phone_number_id, fingerprint(secret), cause, secret)
+    not_stored = SecretNotStored(phone_number_id, fingerprint(secret), cause, secret)
+    if on_not_stored is not None:
+        on_not_stored(not_stored)
+    return not_stored
 
 
 RESCUED_NAME = re.compile(r"-(\d{8}T\d{6})(?:\.\d+)?Z(?:-[0-9a-f]+\.secret|\.answer\.json)$")
@@ -150,6 +166,7 @@ def issued_at_of(kept_in: Path) -> datetime | None:
 
 async def rotate(api: ChatApi, secrets: ChatSecretStore, ledger: LedgerStore,
                  phone_number_id: str, *, via: str,
+                 on_not_stored: NotStoredHandler | None = None,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> Rotated:
     """Rotate through the provider and keep the new secret before anything else."""
     if not valid_phone_number_id(phone_number_id):
@@ -161,7 +178,7 @@ async def rotate(api: ChatApi, secrets: ChatSecretStore, ledger: LedgerStore,
         async with secrets.rotation_lock(phone_number_id):
             secret = await api.rotate_secret(phone_number_id)
             return await keep_secret(secrets, ledger, phone_number_id, secret, via=via,
-                                     clock=clock)
+                                     on_not_stored=on_not_stored, clock=clock)
     except ChatSecretError as exc:
         raise RotationError(exc.reason, exc.detail) from None
 

@@ -568,3 +568,34 @@ def test_a_second_rotation_of_a_number_is_refused_while_the_first_is_under_way(
     asked, label, current = asyncio.run(scenario())
     assert asked == [PHONE, PHONE]  # the refused one never asked the provider
     assert current == label == fingerprint("issued-2-never-again")
+
+
+def test_a_store_interrupted_by_keyboard_interrupt_hands_the_secret_over_first() -> None:
+    """A second Ctrl-C raises KeyboardInterrupt, no error to carry the secret out: the
+    command ended with the secret in an exception nobody caught, never shown. It is handed
+    to ``on_not_stored`` first, and the interrupt goes on."""
+    handed: list[SecretNotStored] = []
+
+    class Secrets:
+        async def store_rotated(self, *_: Any, **__: Any) -> str:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        asyncio.run(keep_secret(Secrets(), None, PHONE, "issued-once-never-again-9",  # type: ignore[arg-type]
+                                via="cli", on_not_stored=handed.append))
+    [error] = handed
+    assert error.reveal() == "issued-once-never-again-9"
+
+
+def test_a_store_that_fails_hands_the_secret_over_once_and_raises_it() -> None:
+    handed: list[SecretNotStored] = []
+
+    class Secrets:
+        async def store_rotated(self, *_: Any, **__: Any) -> str:
+            raise LedgerUnavailable("the database is away")
+
+    with pytest.raises(SecretNotStored) as raised:
+        asyncio.run(keep_secret(Secrets(), None, PHONE, "issued-once-never-again-10",  # type: ignore[arg-type]
+                                via="cli", on_not_stored=handed.append))
+    assert handed == [raised.value]
+
