@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Iterator, Sequence
+from typing import BinaryIO
 
 import structlog
 
 from ingest.accepting import kept_unstorable
 from ingest.appender import AppendMany
-from ingest.spool import QUARANTINE, Spool, read_records
+from ingest.spool import QUARANTINE, Damage, Spool, read_records
 from ledger import LedgerUnavailable, NewEvent
 
 log = structlog.get_logger("hookledger.spool")
@@ -48,6 +49,10 @@ def chunks(events: Sequence[NewEvent], *, max_events: int,
         size += weight
     if chunk:
         yield chunk
+
+
+def _read_file(handle: BinaryIO, name: str) -> tuple[list[NewEvent], list[Damage]]:
+    return read_records(handle.read(), name)
 
 
 class SpoolDrainer:
@@ -86,7 +91,9 @@ class SpoolDrainer:
         await asyncio.to_thread(self._spool.seal)
         appended = 0
         for path, handle in self._spool.drainable():
-            events, damage = read_records(handle.read(), path.name)
+            # in a thread: a file of a long outage is megabytes to read and decode, and on
+            # the event loop that held every delivery this worker was answering meanwhile
+            events, damage = await asyncio.to_thread(_read_file, handle, path.name)
             for d in damage:
                 self.damaged += 1
                 log.error("spool.damaged", file=d.file, offset=d.offset, length=d.length,
