@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
-from ingest.codes import CODES, outcome_of_event
+from ingest.codes import CODES, GENERAL_EVENTS, is_failure_code, outcome_of_event
 from ingest.codes import outcome as webhook_outcome
 from ledger.jsonenc import jsonb_can_hold
 from reconcile.errors import MappingError
@@ -29,8 +29,8 @@ RECOVERY_EVENT: dict[tuple[str, str], str] = {
 }
 
 # the events of the records reconciliation reads (collections and payouts)
-PAYMENT_EVENTS = frozenset({"payment.confirmed", "payment.failed", "payment.refunded",
-                            "payout.approved", "payout.confirmed", "payout.failed"})
+PAYMENT_EVENTS = frozenset(event for event, (_, kind) in GENERAL_EVENTS.items()
+                           if kind in ("collection", "payout"))
 
 # an amount's magnitude (below 10**16 TZS) and decimal places past which it is no money
 MAX_AMOUNT_EXPONENT = 15
@@ -145,7 +145,7 @@ def record_outcome(event: str | None, code: int | None, status: str | None) -> O
     paths different answers); then a listed code's own event (91010 is a refund whatever
     word the operator used); only then the status word, which is the operator's verbatim and
     can never be listed in full."""
-    if code is not None and code % 100 >= 50:
+    if code is not None and is_failure_code(code):
         return "failure"
     if event in PAYMENT_EVENTS:
         return webhook_outcome(event, code)
