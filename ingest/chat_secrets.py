@@ -173,18 +173,14 @@ class ChatSecretStore:
         however the rotation ends (the pool rolls back or drops a connection handed back
         mid-transaction, cancelled or broken)."""
         params = {"phone_number_id": phone_number_id}
-        try:
-            conn = await self._pool.getconn(timeout=self._acquire_timeout_s)
-        except psycopg.Error as exc:  # PoolTimeout too
-            raise ChatSecretError(
-                "database_unavailable",
-                f"database unavailable ({type(exc).__name__}); nothing rotated") from None
+        conn: psycopg.AsyncConnection[Any] | None = None
         try:
             try:
+                conn = await self._pool.getconn(timeout=self._acquire_timeout_s)
                 await conn.execute("BEGIN")
                 cur = await conn.execute(_sql("chat_secrets_rotation_lock"), params)
                 row = await cur.fetchone()
-            except psycopg.Error as exc:
+            except psycopg.Error as exc:  # PoolTimeout too
                 raise ChatSecretError(
                     "database_unavailable",
                     f"database unavailable ({type(exc).__name__}); nothing rotated") from None
@@ -194,9 +190,10 @@ class ChatSecretStore:
                     f"another rotation of {phone_number_id} is in progress; nothing rotated")
             yield
         finally:
-            with contextlib.suppress(psycopg.Error):
-                await conn.execute("ROLLBACK")  # the lock is all it held
-            await self._pool.putconn(conn)
+            if conn is not None:
+                with contextlib.suppress(psycopg.Error):
+                    await conn.execute("ROLLBACK")  # the lock is all it held
+                await self._pool.putconn(conn)
 
     async def store_rotated(self, phone_number_id: str, new_secret: str,
                             now: datetime, *, issued_at: datetime | None = None) -> str:
