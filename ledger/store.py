@@ -121,6 +121,28 @@ async def read_committed(conn: psycopg.AsyncConnection[Any]) -> None:
     await conn.execute("SET default_transaction_isolation = 'read committed'")
 
 
+# How long a session that appends inside longer transactions (the projector, a
+# reconciliation pass, a rebuild) may sit idle inside one. Their waits between two statements
+# of a transaction are folding and deciding in Python, a second at most where measured.
+IDLE_IN_TRANSACTION_S = 60.0
+
+
+async def end_if_idle_in_transaction(conn: psycopg.AsyncConnection[Any],
+                                     seconds: float = IDLE_IN_TRANSACTION_S) -> None:
+    """Have the server end this session once it has sat idle inside a transaction for
+    ``seconds``: call it on every connection that appends between other statements.
+
+    A network blip between two statements leaves the server's session idle in its
+    transaction, holding its locks, until the kernel gives up on the socket (hours without
+    keepalives; never on a socket a proxy keeps open). Once that transaction has appended,
+    one of its locks is the ledger's append lock: every append waited, every delivery went
+    to the spool, and the views stopped. Ending the session rolls the transaction back;
+    its owner has seen its connection go and does the work again.
+    """
+    await conn.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
+                       (str(max(1, round(seconds * 1000))),))  # milliseconds
+
+
 class LedgerStore:
     """The ledger over a psycopg async connection pool."""
 

@@ -26,6 +26,7 @@ from typing import Any
 import psycopg
 import structlog
 
+from ledger.store import end_if_idle_in_transaction
 from projections.projector import connect, project_batch
 
 PROJECTOR_LOCK_KEY = 0x686F6F6B70726F6A  # "hookproj"
@@ -65,17 +66,35 @@ def idle_limit_s(*, poll_s: float, standby_retry_s: float, coalesce_s: float) ->
     return 5 * max(1.0, poll_s + coalesce_s, standby_retry_s)
 
 
-async def end_when_idle(conn: psycopg.AsyncConnection[Any], seconds: float) -> None:
-    """Have the server end this session once it has sat idle for ``seconds``.
+# A batch's longest wait between two of its statements is its reading and folding in Python:
+# 30-70 us an event where measured (bench/PERFORMANCE.md). A millisecond an event is far
+# beyond that, and grows with a configured batch size.
+FOLD_ALLOWANCE_S_PER_EVENT = 0.001
+
+
+def idle_in_batch_limit_s(idle_s: float, batch_size: int) -> float:
+    """How long a projector's session may sit idle inside a batch's transaction."""
+    return idle_s + batch_size * FOLD_ALLOWANCE_S_PER_EVENT
+
+
+async def end_when_idle(conn: psycopg.AsyncConnection[Any], seconds: float,
+                        in_batch_seconds: float) -> None:
+    """Have the server end this session once it has sat idle for ``seconds``, or for
+    ``in_batch_seconds`` inside a transaction.
 
     The projector lock is the session's, so it goes when the server ends the session, not
     when the client does. After a network blip the leader sees its connection go and opens
     a new one, while the server may keep the old session, idle, until the kernel gives up
     on its socket (tens of minutes; hours without keepalives): its lock stayed held, so no
     process led and nothing was projected. A working leader or standby is never idle that
-    long. (Idle within a batch's transaction is not bounded: how long a batch folds
-    depends on its size. PostgreSQL 13 has no ``idle_session_timeout``.)
+    long. A blip inside a batch left the session idle in its transaction, which
+    ``idle_session_timeout`` does not end: the projector lock, the checkpoint rows and,
+    after a batch's discrepancies are appended, the ledger's append lock stayed held, so
+    every append waited (:func:`ledger.store.end_if_idle_in_transaction`). Ending it rolls
+    the batch back, which is retried whole. (PostgreSQL 13 has no ``idle_session_timeout``;
+    the bound inside a transaction it has.)
     """
+    await end_if_idle_in_transaction(conn, in_batch_seconds)
     if conn.info.server_version >= 140000:
         await conn.execute("SELECT set_config('idle_session_timeout', %s, false)",
                            (str(max(1, round(seconds * 1000))),))  # milliseconds
@@ -92,6 +111,7 @@ class LiveProjector:
         self._coalesce_s = coalesce_s
         self._idle_limit_s = idle_limit_s(poll_s=poll_s, standby_retry_s=standby_retry_s,
                                           coalesce_s=coalesce_s)
+        self._idle_in_batch_limit_s = idle_in_batch_limit_s(self._idle_limit_s, batch_size)
         self.name = name or application_name()
         self._stop = asyncio.Event()
         self.is_leader = False
@@ -115,7 +135,7 @@ class LiveProjector:
 
     async def _session(self) -> None:
         async with await connect(self._url, application_name=self.name) as conn:
-            await end_when_idle(conn, self._idle_limit_s)
+            await end_when_idle(conn, self._idle_limit_s, self._idle_in_batch_limit_s)
             while not self._stop.is_set():
                 cur = await conn.execute("SELECT pg_try_advisory_lock(%s)",
                                          (PROJECTOR_LOCK_KEY,))

@@ -32,7 +32,7 @@ import projections.schema  # noqa: F401 - declares the projection tables on meta
 from ledger import NewEvent, StoredEvent
 from ledger.jsonenc import dumps
 from ledger.schema import PRIVATE_SCHEMA, metadata
-from ledger.store import append_in, read_committed, read_in
+from ledger.store import append_in, end_if_idle_in_transaction, read_committed, read_in
 from projections.folding import Discrepancy
 from projections.malformed import malformed_discrepancy
 from projections.registry import PROJECTIONS, Projection, Row
@@ -64,7 +64,8 @@ def discrepancy_event(finding: Finding, now: datetime) -> NewEvent:
 
 async def connect(url: str, *, application_name: str | None = None) -> Connection:
     """A connection set up for folding: autocommit, orjson, READ COMMITTED (see
-    :func:`ledger.store.read_committed`) and sessions in UTC.
+    :func:`ledger.store.read_committed`), sessions in UTC, and never left idle inside a
+    transaction that holds the append lock (:func:`ledger.store.end_if_idle_in_transaction`).
 
     In UTC the driver builds datetimes with ``timezone.utc`` rather than a ``ZoneInfo``,
     which takes a fifth off reading the ledger (measured); the values are the same instants.
@@ -73,6 +74,7 @@ async def connect(url: str, *, application_name: str | None = None) -> Connectio
     conn = await psycopg.AsyncConnection.connect(url, autocommit=True, connect_timeout=10,
                                                  **extra)
     await read_committed(conn)  # its batches append discrepancies
+    await end_if_idle_in_transaction(conn)
     await ready_for_folding(conn)
     return conn
 

@@ -25,7 +25,7 @@ import psycopg
 import structlog
 
 from ledger import AppendResult, NewEvent
-from ledger.store import append_in, read_committed
+from ledger.store import append_in, end_if_idle_in_transaction, read_committed
 from projections.projector import catch_up, ready_for_folding
 from reconcile import store
 from reconcile.checks import Local, Verdict, decide, settle
@@ -161,6 +161,7 @@ class Reconciler:
                 result.skipped = True
                 return result
             await read_committed(conn)  # a pass appends
+            await end_if_idle_in_transaction(conn)  # and must not hold the append lock idle
             await ready_for_folding(conn)  # and folds (catch_up), as the projector does
             await self._pass(conn, result, now)
             await self._observe(conn)

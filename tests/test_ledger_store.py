@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import uuid
@@ -212,3 +213,43 @@ async def test_tailing_reader_sees_every_event_exactly_once_under_concurrent_wri
     assert len(keys) == len(set(keys)), "an event was seen twice"
     assert sorted(keys) == sorted(committed), "the tailing reader skipped an event"
     assert seen == sorted(seen)
+
+
+@pytest.mark.parametrize("bounded", [True, False])
+async def test_a_session_cut_off_after_appending_in_a_transaction_stops_appends_until_its_bound(
+        db_url: str, pool: AsyncConnectionPool, bounded: bool) -> None:
+    """A network blip between a transaction's append and its COMMIT: the server keeps the
+    session, idle in that transaction, holding the append lock, and every append waits.
+    Bounded, the server ends it and appends go on; the unbounded case shows what the bound
+    is for (the append is still waiting when the test gives up on it)."""
+    from ledger.store import append_in, end_if_idle_in_transaction, read_committed
+    from tests.relay import SocketRelay
+
+    relay = SocketRelay(db_url)
+    cut = await psycopg.AsyncConnection.connect(relay.url, autocommit=True)
+    try:
+        await read_committed(cut)
+        if bounded:
+            await end_if_idle_in_transaction(cut, 1.0)
+        await cut.execute("BEGIN")
+        await append_in(cut, [event("in-the-cut-transaction")])
+        relay.cut_clients()
+        try:
+            results = await asyncio.wait_for(LedgerStore(pool).append([event("after")]), 6)
+        except TimeoutError:
+            results = None
+        if bounded:
+            assert results is not None and not results[0].duplicate
+            read = await LedgerStore(pool).read(after=0)
+            assert [e.dedupe_key for e in read] == ["after"]  # the cut one rolled back
+        else:
+            assert results is None
+    finally:
+        relay.close()
+        with contextlib.suppress(psycopg.Error):
+            await cut.close()
+        async with pool.connection() as conn:  # end the lingering session either way
+            await conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid <> "
+                "pg_backend_pid() AND state = 'idle in transaction' "
+                "AND datname = current_database()")

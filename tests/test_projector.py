@@ -34,6 +34,7 @@ from projections.registry import PROJECTIONS, Projection
 from tests.general_events import encode, general_body
 from tests.live import running_service
 from tests.projection_events import new_event
+from tests.relay import SocketRelay
 from tests.signing import general_header
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -678,65 +679,6 @@ def test_an_event_whose_row_its_table_cannot_hold_is_left_out_and_the_projector_
     assert snapshot(db_url) == before
 
 
-class SocketRelay:
-    """A relay in front of the test server's Unix socket whose client side can be cut
-    while the server's side stays open: what a network blip can leave behind (the client
-    sees its connection go; the server still holds the session, idle, and its locks)."""
-
-    def __init__(self, url: str) -> None:
-        import socket
-        import tempfile
-        import threading
-
-        from psycopg.conninfo import conninfo_to_dict, make_conninfo
-
-        params = conninfo_to_dict(url)
-        host, port = str(params.get("host") or ""), str(params.get("port") or 5432)
-        if not host.startswith("/"):
-            pytest.skip("the relay stands in front of a Unix socket")
-        self._upstream = f"{host}/.s.PGSQL.{port}"
-        folder = tempfile.mkdtemp(prefix="hl-relay-")
-        self.url = make_conninfo(url, host=folder)
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind(f"{folder}/.s.PGSQL.{port}")
-        self._listener.listen()
-        self._clients: list[socket.socket] = []
-        self._servers: list[socket.socket] = []
-        self._socket = socket
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        import threading
-
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            server = self._socket.socket(self._socket.AF_UNIX, self._socket.SOCK_STREAM)
-            server.connect(self._upstream)
-            self._clients.append(client)
-            self._servers.append(server)  # kept open: the session lingers
-            for source, target in ((client, server), (server, client)):
-                threading.Thread(target=self._pump, args=(source, target), daemon=True).start()
-
-    @staticmethod
-    def _pump(source: Any, target: Any) -> None:
-        try:
-            while data := source.recv(65536):
-                target.sendall(data)
-        except OSError:
-            pass  # never closes the other side: the server's stays open
-
-    def cut_clients(self) -> None:
-        for client in self._clients:
-            client.shutdown(self._socket.SHUT_RDWR)
-            client.close()
-
-    def close(self) -> None:
-        self._listener.close()
-
-
 def test_a_leader_cut_off_while_its_session_lingers_is_replaced_within_seconds(
         db_url: str) -> None:
     """A network blip: the leader's connection goes, but the server keeps its session (and
@@ -781,4 +723,75 @@ def test_a_leader_cut_off_while_its_session_lingers_is_replaced_within_seconds(
     finally:
         relay.close()
     assert took is not None, "no projector led again while the old session lingered"
+    assert took < 15
+
+
+def test_a_leader_cut_off_in_the_middle_of_a_batch_is_replaced_within_seconds(
+        db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The blip lands inside a batch's transaction: the server keeps the session idle in
+    that transaction, holding the projector lock and the checkpoint rows (and, in a batch
+    that appends discrepancies, the ledger's append lock, which stops every append).
+    ``idle_session_timeout`` does not end a session inside a transaction, so nothing was
+    projected again until the kernel gave up on the socket; now the server ends it within
+    seconds and the standby leads and folds."""
+    import threading
+
+    from projections import projector as projector_module
+
+    real_fold = projector_module.fold_touched
+    in_fold = threading.Event()
+    release = threading.Event()
+    hold = threading.Event()
+
+    def fold_held_once(*args: Any, **kwargs: Any) -> Any:
+        """The leader's thread stops in its fold (its transaction open, between
+        statements) once ``hold`` is set, until the test has cut its connection."""
+        if hold.is_set() and threading.current_thread().name == "hookledger-projector":
+            hold.clear()
+            in_fold.set()
+            release.wait(timeout=30)
+        return real_fold(*args, **kwargs)
+
+    monkeypatch.setattr(projector_module, "fold_touched", fold_held_once)
+    relay = SocketRelay(db_url)
+    cut_off = ProjectorThread(LiveProjector(relay.url, poll_s=0.2, standby_retry_s=0.2))
+    standby = LiveProjector(db_url, poll_s=0.2, standby_retry_s=0.2)
+
+    async def folded(reference: str) -> bool:
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+            cur = await conn.execute("SELECT 1 FROM hookledger.payments WHERE reference = %s",
+                                     (reference,))
+            return await cur.fetchone() is not None
+
+    async def run() -> float | None:
+        deadline = time.monotonic() + 10
+        while not cut_off.projector.is_leader:
+            assert time.monotonic() < deadline, "the first projector never led"
+            await asyncio.sleep(0.05)
+        task = asyncio.create_task(standby.run())
+        try:
+            hold.set()
+            await append_all(db_url, [new_event("payment.confirmed", 91000,
+                                                reference="IN-THE-BATCH", amount=100)])
+            assert await asyncio.to_thread(in_fold.wait, 10), "the leader never folded"
+            relay.cut_clients()
+            release.set()
+            cut_at = time.monotonic()
+            while time.monotonic() - cut_at < 30:
+                if await folded("IN-THE-BATCH"):
+                    return time.monotonic() - cut_at
+                await asyncio.sleep(0.2)
+            return None
+        finally:
+            standby.stop()
+            await asyncio.wait_for(task, timeout=10)
+
+    cut_off.start()
+    try:
+        took = asyncio.run(run())
+    finally:
+        release.set()
+        cut_off.stop(timeout=10)
+        relay.close()
+    assert took is not None, "no projector led again while the old session sat in its batch"
     assert took < 15

@@ -1,0 +1,61 @@
+"""A relay in front of the test server's Unix socket: a network blip on demand."""
+
+from __future__ import annotations
+
+import socket
+import tempfile
+import threading
+from typing import Any
+
+import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+
+class SocketRelay:
+    """A relay in front of the test server's Unix socket whose client side can be cut
+    while the server's side stays open: what a network blip can leave behind (the client
+    sees its connection go; the server still holds the session, idle, and its locks)."""
+
+    def __init__(self, url: str) -> None:
+        params = conninfo_to_dict(url)
+        host, port = str(params.get("host") or ""), str(params.get("port") or 5432)
+        if not host.startswith("/"):
+            pytest.skip("the relay stands in front of a Unix socket")
+        self._upstream = f"{host}/.s.PGSQL.{port}"
+        folder = tempfile.mkdtemp(prefix="hl-relay-")
+        self.url = make_conninfo(url, host=folder)
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(f"{folder}/.s.PGSQL.{port}")
+        self._listener.listen()
+        self._clients: list[socket.socket] = []
+        self._servers: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            server.connect(self._upstream)
+            self._clients.append(client)
+            self._servers.append(server)  # kept open: the session lingers
+            for source, target in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(source, target), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: Any, target: Any) -> None:
+        try:
+            while data := source.recv(65536):
+                target.sendall(data)
+        except OSError:
+            pass  # never closes the other side: the server's stays open
+
+    def cut_clients(self) -> None:
+        for client in self._clients:
+            client.shutdown(socket.SHUT_RDWR)
+            client.close()
+
+    def close(self) -> None:
+        self._listener.close()
