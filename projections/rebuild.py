@@ -104,6 +104,9 @@ async def _replay(conn: Connection, reader: Connection, *, schema: str, until: i
                     read_in(reader, events[-1].position, batch_size, facts_only=True))
                 findings.extend(await apply_events(conn, events, schema=schema,
                                                    buffer=buffer))
+                # the buffer may keep ``conn`` from any statement for minutes, and a session
+                # idle that long in its transaction is ended (see projector.connect)
+                await conn.execute("SELECT 1")
                 position = events[-1].position
                 count += len(events)
                 if progress:

@@ -235,6 +235,36 @@ def test_a_rebuild_that_spills_rows_and_reads_them_back_still_equals_live(db_url
     assert applied_counts(db_url) == expected_applications(events)
 
 
+def test_a_rebuild_holding_its_rows_in_memory_outlasts_the_idle_in_transaction_bound(
+        db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rebuild's writing connection may send nothing for minutes while its buffer fills;
+    the server ends a session idle that long in a transaction, which failed the rebuild.
+    It speaks to the server after every batch, so only a connection that went quiet ends."""
+    import projections.projector as projector_module
+
+    real_bound = projector_module.end_if_idle_in_transaction
+    real_fold = projector_module.fold_touched
+
+    async def short_bound(conn: Any, seconds: float = 0.0) -> None:
+        await real_bound(conn, 0.4)
+
+    def slow_fold(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.02)
+        return real_fold(*args, **kwargs)
+
+    events = mixed_events(120, seed=5)
+    asyncio.run(append_all(db_url, events))
+    asyncio.run(project_all(db_url))
+    live = snapshot(db_url)
+    monkeypatch.setattr(projector_module, "end_if_idle_in_transaction", short_bound)
+    monkeypatch.setattr(projector_module, "fold_touched", slow_fold)
+    started = time.monotonic()
+    asyncio.run(rebuild(db_url, batch_size=5))  # the buffer holds every row until the end
+    assert time.monotonic() - started > 1.0  # far longer than the bound
+    assert snapshot(db_url) == live
+    assert applied_counts(db_url) == expected_applications(events)
+
+
 def test_verify_names_a_row_that_differs_from_a_rebuild(db_url: str) -> None:
     asyncio.run(append_all(db_url, mixed_events(20)))
     asyncio.run(project_all(db_url))
