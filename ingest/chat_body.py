@@ -17,7 +17,9 @@ sent message, so every status of one message lands in one stream.
 * A known type whose fields have the wrong JSON types, or that lacks the id it is filed
   under, is a :class:`BodyError` naming the field; :func:`read_chat_or_malformed` keeps it
   as ``chat.malformed`` (never projected, reported as a discrepancy), because the platform
-  would send the same body five times and then give up on it. A ``phoneNumberId`` that is
+  would send the same body five times and then give up on it. What only explains or
+  describes (``errors``, ``profileName``) is read leniently instead: a shape not expected
+  costs that detail, never the message or its status. A ``phoneNumberId`` that is
   not the number of the URL (whose secret verified it) is ``phone_number_mismatch``: that
   one is refused (400), as a delivery meant for another number.
 
@@ -53,6 +55,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
+from ingest.codes import CODES, is_failure_code
 from ingest.errors import BodyError
 from ingest.json_body import number_text
 from ingest.unstorable import lenient_object, raw_digest, storable_text
@@ -72,6 +75,9 @@ MAX_USER_AGENT = 256
 
 INBOUND_CODE = 95003
 FAILED_CODE = 95050
+# the provider's listed chat failure causes (95050-95099)
+CHAT_FAILURE_CODES = frozenset(code for code in CODES if code // 1000 == 95
+                                and is_failure_code(code))
 # status value -> (event type, code)
 STATUSES: dict[str, tuple[str, int]] = {
     "sent": ("chat.message.sent", 95000),
@@ -233,9 +239,12 @@ def _timestamp(block: Mapping[str, Any], where: str) -> tuple[str | None, dateti
 
 
 def _error_code(value: Any) -> str | None:
-    """``errors[0].code``: the spec says "code"; the platform sends a number. Kept as text."""
+    """``errors[0].code``: the spec says "code"; the platform sends a number. Kept as text,
+    a whole number written with a fraction (``131047.0``) as the whole number."""
     if value is None:
         return None
+    if isinstance(value, Decimal) and value == value.to_integral_value():
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int | str):
         raise BodyError("invalid_field", "errors[0].code must be a number or a string")
     text = str(value).strip()
@@ -255,7 +264,9 @@ def _first_error(body: Mapping[str, Any]) -> tuple[str | None, str | None]:
     first = errors[0]
     if not isinstance(first, dict):
         raise BodyError("invalid_field", "errors[0] must be an object")
-    return _error_code(first.get("code")), _text(first, "title", "errors[0].", limit=MAX_TEXT)
+    title = first.get("title")
+    readable_title = title if isinstance(title, str) and len(title) <= MAX_TEXT else None
+    return _error_code(first.get("code")), readable_title
 
 
 def _status_error(body: Mapping[str, Any],
@@ -263,23 +274,32 @@ def _status_error(body: Mapping[str, Any],
     """The spec's ``errors`` (top level), else the chat platform's own place for them,
     inside the status object it forwards as-is. Without that second look a failure the
     platform explained there is filed as 95050, "no detail", and a closed 24-hour window
-    (95063) or an opted-out customer goes unseen. The inner list is read leniently: it is
-    not the documented field, so a shape we did not expect there costs its detail, never
-    the delivery."""
-    found = _first_error(body)
-    if found != (None, None):
-        return found
-    try:
-        return _first_error(status)
-    except BodyError:
-        return None, None
+    (95063) or an opted-out customer goes unseen.
+
+    Both are read leniently: they explain a status, they do not decide it. A shape we did
+    not expect costs its detail (the cause is then 95050), never the delivery: kept as
+    malformed, a ``failed`` status, which is terminal, was never projected, and the
+    message stayed ``sent``."""
+    for holder in (body, status):
+        try:
+            found = _first_error(holder)
+        except BodyError:
+            continue
+        if found != (None, None):
+            return found
+    return None, None
 
 
 def failure_code(error_code: str | None, causes: Mapping[str, int]) -> int:
-    """95050 unless the platform's error code maps to a known 95xxx cause."""
+    """95050 unless the platform's error code maps to a known 95xxx cause, or already is a
+    listed chat failure code (the provider's own, passed on as the cause)."""
     if error_code is None:
         return FAILED_CODE
-    return causes.get(error_code, FAILED_CODE)
+    if error_code in causes:
+        return causes[error_code]
+    if error_code.isascii() and error_code.isdigit() and int(error_code) in CHAT_FAILURE_CODES:
+        return int(error_code)
+    return FAILED_CODE
 
 
 # -- reading --------------------------------------------------------------------------------
@@ -390,6 +410,15 @@ def _findable_message_id(body: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _profile_name(value: Any) -> str | None:
+    """The customer's display name only describes the thread: a number is taken as its
+    text and anything else unreadable left out, never costing the message (kept as
+    malformed, an inbound message opened no 24-hour window)."""
+    if isinstance(value, int | Decimal) and not isinstance(value, bool):
+        value = str(value)
+    return value if isinstance(value, str) and len(value) <= MAX_ID else None
+
+
 def _message(body: Mapping[str, Any], meta: DeliveryMeta, digest: str,
              key: str) -> ChatDelivery:
     message = _object(body, "message", "", required=True)
@@ -423,7 +452,7 @@ def _message(body: Mapping[str, Any], meta: DeliveryMeta, digest: str,
         "direction": "inbound",
         "message_id": message_id,
         "contact_wa_id": _text(body, "contactWaId", "") or sender,
-        "profile_name": _text(body, "profileName", ""),
+        "profile_name": _profile_name(body.get("profileName")),
         "from": sender,
         "message_type": message_type,
         "message_type_known": message_type in MESSAGE_KINDS,

@@ -17,7 +17,12 @@ What a careless reading gets wrong, and what this module does instead:
 * a listed event whose fields cannot be read (no ``timestamp``, an ``amount`` sent as text)
   is still a signed JSON object the provider will never send again: it is kept too, as
   ``general.malformed`` with the reason, under a key of its own (:func:`malformed_key`),
-  never projected, and reported as a discrepancy;
+  never projected, and reported as a discrepancy. That is for the fields a state is
+  decided on (reference, event, time, amounts, code, the invoice block's amounts); a field
+  that only describes (names, phone number, message, status word, transaction id...) sent
+  as a number is read as its text, and one that cannot be read at all is left out and
+  named in ``unread_fields``: a payment whose customer's phone number came as a number is
+  still a payment, and was missing from every view;
 * ``payloadSignature`` is deprecated and never trusted.
 
 The dedupe key
@@ -61,6 +66,7 @@ MALFORMED_EVENT_TYPE = "general.malformed"
 # not ``timestamp``: it is what tells a return to an earlier state from a copy (see above)
 VOLATILE_FIELDS = frozenset({"payloadSignature", "message"})
 MAX_TEXT = 512  # a reference or name longer than this is not a real one
+MAX_MESSAGE = 4096  # the human-readable line may be long (a translation), not unbounded
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,47 +179,61 @@ def parse_timestamp(raw: str, zone: ZoneInfo) -> datetime:
     return moment
 
 
-def _transaction_id(body: dict[str, Any]) -> str | None:
-    value = body.get("transactionId")
+def _described(body: dict[str, Any], key: str, unread: list[str], *, where: str = "",
+               limit: int = MAX_TEXT) -> str | None:
+    """A field that only describes: a number is taken as its text; anything else that
+    cannot be read (an object, a list, text past ``limit``) is left out and its name
+    added to ``unread``, rather than costing the delivery (see the module's notes)."""
+    value = body.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, str | int):
-        raise BodyError("invalid_field", "transactionId must be a string")
-    text = str(value).strip()
-    if text in ("", "-1"):
-        return None  # "-1" is the provider's "no receipt issued", not an id
-    if len(text) > MAX_TEXT:
-        raise BodyError("invalid_field", f"transactionId is longer than {MAX_TEXT}")
-    return text
+    if isinstance(value, int | Decimal) and not isinstance(value, bool):
+        value = number_text(value)
+    if not isinstance(value, str) or len(value) > limit:
+        unread.append(f"{where}{key}")
+        return None
+    return value
+
+
+def _transaction_id(body: dict[str, Any], unread: list[str]) -> str | None:
+    text = _described(body, "transactionId", unread)
+    if text is None:
+        return None
+    text = text.strip()
+    return None if text in ("", "-1") else text  # "-1": "no receipt issued", not an id
 
 
 def _money(value: Decimal | None) -> str | None:
     return None if value is None else format(value, "f")
 
 
-def _invoice_facts(block: dict[str, Any]) -> dict[str, Any]:
+def _invoice_facts(block: dict[str, Any], unread: list[str]) -> dict[str, Any]:
     where = "invoice."
     return {
         "invoice_no": _text(block, "invoiceNo", where=where),
         "total": _money(_number(block, "total", where=where)),
         "amount_paid": _money(_number(block, "amountPaid", where=where)),
         "amount_due": _money(_number(block, "amountDue", where=where)),
-        "currency": _text(block, "currency", where=where),
-        "due_date": _text(block, "dueDate", where=where),
-        "paid_date": _text(block, "paidDate", where=where),
-        "payment_reference": _text(block, "paymentReference", where=where),
+        "currency": _described(block, "currency", unread, where=where),
+        "due_date": _described(block, "dueDate", unread, where=where),
+        "paid_date": _described(block, "paidDate", unread, where=where),
+        "payment_reference": _described(block, "paymentReference", unread, where=where),
     }
 
 
-def _customer_facts(block: dict[str, Any] | None) -> dict[str, Any]:
+def _customer_facts(body: dict[str, Any], unread: list[str]) -> dict[str, Any]:
+    block = body.get("customer")
     if block is None:
+        return {}
+    if not isinstance(block, dict):
+        unread.append("customer")
         return {}
     where = "customer."
     return {
-        "first_name": _text(block, "firstname", where=where),
-        "last_name": _text(block, "lastname", where=where),
-        "phone_number": _text(block, "phoneNumber", where=where),
-        "mno": _text(block, "mno", where=where),
+        "first_name": _described(block, "firstname", unread, where=where),
+        "last_name": _described(block, "lastname", unread, where=where),
+        "phone_number": _described(block, "phoneNumber", unread, where=where),
+        "mno": _described(block, "mno", unread, where=where),
     }
 
 
@@ -234,9 +254,9 @@ def read_general(body: dict[str, Any], zone: ZoneInfo) -> GeneralDelivery:
     occurred_at = parse_timestamp(raw_timestamp, zone)
     amount = _number(body, "amount", required=True)
     code = _code(body)
-    customer = _object(body, "customer")
     invoice = _object(body, "invoice")
     known = CODES.get(code) if code is not None else None
+    unread: list[str] = []
 
     facts: dict[str, Any] = {
         "recognised": True,
@@ -244,24 +264,26 @@ def read_general(body: dict[str, Any], zone: ZoneInfo) -> GeneralDelivery:
         "service": service,
         "subject": subject,
         "reference": reference,
-        "customer_reference": _text(body, "customerReference"),
+        "customer_reference": _described(body, "customerReference", unread),
         "amount": _money(amount),
-        "type": _text(body, "type"),
-        "merchant_account_id": _text(body, "merchantAccountId"),
-        "status": _text(body, "status"),
+        "type": _described(body, "type", unread),
+        "merchant_account_id": _described(body, "merchantAccountId", unread),
+        "status": _described(body, "status", unread),
         "code": code,
         "code_known": known is not None,
         "outcome": outcome(event, code),
         "code_event_conflict": (
             code is not None and (is_failure_code(code) != (outcome_of_event(event) == "failure"))
         ),
-        "transaction_id": _transaction_id(body),
-        "message": _text(body, "message"),
+        "transaction_id": _transaction_id(body, unread),
+        "message": _described(body, "message", unread, limit=MAX_MESSAGE),
         "timestamp_raw": raw_timestamp,
         "occurred_at": occurred_at.isoformat(),
-        "customer": _customer_facts(customer),
-        "invoice": _invoice_facts(invoice) if invoice is not None else None,
+        "customer": _customer_facts(body, unread),
+        "invoice": _invoice_facts(invoice, unread) if invoice is not None else None,
     }
+    if unread:
+        facts["unread_fields"] = unread
     return GeneralDelivery(event, f"{subject}:{reference}", key, occurred_at, facts)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -172,17 +173,11 @@ def test_an_unrecognised_status_is_filed_under_its_message() -> None:
     (inbound("image", image={"id": 5}), "invalid_field"),
     (inbound("image", image="media-1"), "invalid_field"),
     ({**inbound(), "contactWaId": 255712345678}, "invalid_field"),
-    ({**inbound(), "profileName": ["A"]}, "invalid_field"),
     ({**inbound(), "wabaId": 1}, "invalid_field"),
     ({**status(), "status": "delivered"}, "invalid_field"),
     ({"type": "status", "phoneNumberId": PHONE}, "missing_field"),
     (status(message_id=7), "invalid_field"),  # type: ignore[arg-type]
     (status(timestamp=1700000100), "invalid_field"),
-    (status("failed", errors={"code": 1}), "invalid_field"),  # type: ignore[arg-type]
-    (status("failed", errors=["boom"]), "invalid_field"),
-    (status("failed", errors=[{"code": 1.5, "title": "t"}]), "invalid_field"),
-    (status("failed", errors=[{"code": True, "title": "t"}]), "invalid_field"),
-    (status("failed", errors=[{"code": 1, "title": 2}]), "invalid_field"),
     ({**status(), "status": {"id": "m", "status": 3}}, "invalid_field"),
 ])
 def test_a_known_type_with_wrong_field_types_is_kept_as_malformed(
@@ -196,6 +191,39 @@ def test_a_known_type_with_wrong_field_types_is_kept_as_malformed(
     message_id = kept.facts["message_id"]
     assert kept.stream == (f"chat-message:{message_id}" if message_id
                            else f"chat-malformed:{PHONE}")
+
+
+@pytest.mark.parametrize(("errors", "code", "error_code", "title"), [
+    ({"code": 1}, 95050, None, None),
+    (["boom"], 95050, None, None),
+    ([{"code": 1.5, "title": "t"}], 95050, None, None),
+    ([{"code": True, "title": "t"}], 95050, None, None),
+    ([{"code": 131047, "title": 2}], 95063, "131047", None),
+    ([{"code": Decimal("131047.0"), "title": "Re-engagement message"}], 95063, "131047",
+     "Re-engagement message"),
+    ([{"code": "95063", "title": "window closed"}], 95063, "95063", "window closed"),
+    ([{"code": 95066}], 95066, "95066", None),
+    ([{"code": 95003}], 95050, "95003", None),  # not a failure cause
+])
+def test_a_failures_explanation_never_costs_the_failure(
+        errors: Any, code: int, error_code: str | None, title: str | None) -> None:
+    """A ``failed`` status whose ``errors`` came in a shape not expected was kept as
+    malformed, never projected: the message stayed ``sent`` although ``failed`` is
+    terminal. The explanation is read leniently; the failure always counts."""
+    read = read_chat(status("failed", errors=errors), META)
+    assert read.event_type == "chat.message.failed" and read.facts["status"] == "failed"
+    assert (read.facts["code"], read.facts["error_code"], read.facts["error_title"]) == (
+        code, error_code, title)
+
+
+@pytest.mark.parametrize(("name", "read_as"), [(["A"], None), ({"a": 1}, None),
+                                                (4471, "4471"), ("Asha", "Asha")])
+def test_a_profile_name_never_costs_the_inbound_message(name: Any, read_as: str | None) -> None:
+    """Kept as malformed, an inbound message with a numeric display name opened no
+    24-hour window and started no thread."""
+    read = read_chat({**inbound(), "profileName": name}, META)
+    assert read.event_type == "chat.message.received"
+    assert read.facts["profile_name"] == read_as
 
 
 @pytest.mark.parametrize("body", [inbound(phone="555"), status(phone="555"),
