@@ -426,6 +426,20 @@ def _held_mark(marks: dict[str, Any], name: str) -> list[Any] | None:
     return list(held)
 
 
+CANCELLED_WORDS = frozenset({"CANCELLED", "CANCELED"})
+
+
+def _resaved_cancelled(event: StoredEvent) -> bool:
+    """An ``invoice.updated`` whose status word says the invoice is cancelled: the re-save
+    of a cancelled invoice, the only word of it left when ``invoice.cancelled`` (fired
+    once, never sent again) was lost. The word is the invoice's status, which the spec
+    names; no amount could say it instead."""
+    if event.event_type != "invoice.updated":
+        return False
+    word = event.facts.get("status")
+    return isinstance(word, str) and word.strip().upper() in CANCELLED_WORDS
+
+
 def fold_invoice(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrepancy]]:
     """Each field from the latest event that gives it; settled exactly when amount_due is 0.
 
@@ -461,7 +475,7 @@ def fold_invoice(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrep
     if block and (state["block_key"] is None or _block_newer(order, state["block_key"])):
         state["block_key"] = order  # the latest block's order (kept for older readers)
     state["provenance"] = marks
-    if event.event_type == "invoice.cancelled":
+    if event.event_type == "invoice.cancelled" or _resaved_cancelled(event):
         state["cancelled"] = True
     if event.event_type == "invoice.paid":
         state["paid_event"] = True

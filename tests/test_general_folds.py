@@ -9,6 +9,7 @@ from itertools import permutations
 from typing import Any
 
 import orjson
+import pytest
 
 from ledger import StoredEvent
 from ledger.jsonenc import dumps
@@ -299,6 +300,31 @@ def test_a_cancelled_invoice_stays_cancelled_when_resaved() -> None:
         invoice_event("invoice.cancelled", 93003, 0, 900, "20261122081000"),
         invoice_event("invoice.updated", 93001, 0, 900, "20261122082000")])
     assert rows["INV-1"]["status"] == "cancelled" and rows["INV-1"]["settled"] is False
+
+
+@pytest.mark.parametrize("word", ["CANCELLED", "Canceled", " cancelled "])
+def test_a_resave_saying_cancelled_cancels_when_invoice_cancelled_was_lost(word: str) -> None:
+    """``invoice.cancelled`` fires once and the general system never sends it again; the
+    re-save of a cancelled invoice is ``invoice.updated`` with the invoice's status word.
+    Lost the first, the invoice stayed open (a customer chased for a cancelled bill)."""
+    created = invoice_event("invoice.created", 93000, 0, 900, "20261122080000")
+    resaved = ev("invoice.updated", 93001, reference="INV-1", amount=900, service="Invoicing",
+                 timestamp="20261122082000", status=word,
+                 invoice={**INVOICE, "amountPaid": 0, "amountDue": 900})
+    for order in ([created, resaved], [resaved, created]):
+        rows, found = fold_all("invoices", order)
+        assert rows["INV-1"]["status"] == "cancelled" and rows["INV-1"]["settled"] is False
+        assert found == []
+
+
+@pytest.mark.parametrize("word", ["SUCCESSFUL", "PAID", "PARTIAL", "OPEN", ""])
+def test_a_resave_with_another_status_word_cancels_nothing(word: str) -> None:
+    rows, _ = fold_all("invoices", [
+        invoice_event("invoice.created", 93000, 0, 900, "20261122080000"),
+        ev("invoice.updated", 93001, reference="INV-1", amount=900, service="Invoicing",
+           timestamp="20261122082000", status=word,
+           invoice={**INVOICE, "amountPaid": 0, "amountDue": 900})])
+    assert rows["INV-1"]["status"] == "open"
 
 
 def test_the_total_is_the_latest_invoices_beside_its_amounts_whatever_the_order() -> None:
