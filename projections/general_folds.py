@@ -259,8 +259,34 @@ def fold_payment(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrep
         "mno": customer.get("mno"),
         "invoice_no": invoice.get("invoice_no"),
     }
-    return _fold_money(row, event, kind="collection", rank=_rank(PAYMENT_RANK_BY_OUTCOME, event),
-                       descriptive=descriptive)
+    new, found = _fold_money(row, event, kind="collection",
+                             rank=_rank(PAYMENT_RANK_BY_OUTCOME, event), descriptive=descriptive)
+    if facts.get("outcome") == "refunded" and not invoice:
+        new["evidence"] = {**new["evidence"], BLOCKLESS_REFUND: True}
+    unlinked = _refund_unlinked(new)
+    if unlinked is not None and (row is None or _refund_unlinked(row) is None):
+        found.append(unlinked)  # the invoice's finding: the payment itself is consistent
+    return new, found
+
+
+# where ``evidence`` notes that a refund (webhook or recovered) said nothing of an invoice
+BLOCKLESS_REFUND = "blockless_refund"
+
+
+def _refund_unlinked(row: Row) -> Discrepancy | None:
+    """The finding for a payment against an invoice refunded by an event that carried no
+    invoice block: the invoice was never told, so it still shows the money as received
+    (and may say settled). Named by the payment, so every arrival order finds it once."""
+    number = row.get("invoice_no")
+    if not number or not (row.get("evidence") or {}).get(BLOCKLESS_REFUND):
+        return None
+    return Discrepancy(
+        kind="refunded_invoice_payment", subject="invoice", reference=number,
+        detail=f"payment {row['reference']} against invoice {number} was refunded by an "
+               f"event that did not update the invoice; the invoice still counts that "
+               f"money as received",
+        amount_at_risk=row.get("amount") or None,
+        evidence=(f"payment:{row['reference']}",))
 
 
 # -- payouts ------------------------------------------------------------------------------

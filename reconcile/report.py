@@ -79,6 +79,10 @@ ACTIONS = {
                           "and confirm the state kept.",
     "unsettled_paid_invoice": "invoice.paid arrived with money still due: do not treat the "
                               "invoice as settled; collect the outstanding amount.",
+    "refunded_invoice_payment": "A payment against this invoice was refunded, and the "
+                                "refund did not update the invoice: it still counts the "
+                                "money as received. Check the invoice with the provider "
+                                "before releasing goods against it; collect again if owed.",
     "unprojectable_event": "A ledger event could not be folded into a projection and was "
                            "left out of it; the event is kept. Report it with its position.",
     "malformed_delivery": "A signed delivery whose fields could not be read is kept in the "

@@ -444,6 +444,38 @@ def test_a_resave_in_the_same_second_as_invoice_paid_is_the_later_event() -> Non
         assert row["last_event"] == "invoice.updated" and found == []
 
 
+def test_a_refund_without_a_block_of_a_payment_against_an_invoice_is_flagged_once() -> None:
+    """A refund that says nothing about the invoice its payment went to: the invoice still
+    shows that money as received (settled, perhaps), and goods may ship against money that
+    went back. Flagged on the invoice, once, in every arrival order; a refund carrying the
+    block moves the invoice itself and needs no finding, nor does one of a payment that
+    named no invoice."""
+    part = ev("payment.confirmed", 91000, reference="PAY-1", amount=900,
+              timestamp="20261122081000",
+              invoice={**INVOICE, "amountPaid": 900, "amountDue": 0})
+    refund = ev("payment.refunded", 91010, reference="PAY-1", amount=900, status="REVERSED",
+                timestamp="20261122100000")
+    for order in permutations([part, refund]):
+        rows, found = fold_all("payments", _in_order(*order))
+        assert rows["PAY-1"]["outcome"] == "refunded"
+        assert [(d.kind, d.subject, d.reference, d.amount_at_risk) for d in found] == [
+            ("refunded_invoice_payment", "invoice", "INV-1", Decimal("900"))]
+        assert "PAY-1" in found[0].detail and found[0].evidence == ("payment:PAY-1",)
+    with_block = ev("payment.refunded", 91010, reference="PAY-1", amount=900,
+                    status="REVERSED", timestamp="20261122100000",
+                    invoice={**INVOICE, "amountPaid": 0, "amountDue": 900})
+    assert fold_all("payments", _in_order(part, with_block))[1] == []
+    plain = ev("payment.confirmed", 91000, reference="PAY-2", amount=900,
+               timestamp="20261122081000")
+    assert fold_all("payments", _in_order(plain, dataclasses.replace(
+        refund, facts={**refund.facts, "reference": "PAY-2"})))[1] == []
+    recovered_refund = recovered("collection", "PAY-1", "payment.refunded", 91010, 900,
+                                 "REVERSED")
+    for order in permutations([part, recovered_refund]):
+        assert [d.kind for d in fold_all("payments", _in_order(*order))[1]] == [
+            "refunded_invoice_payment"]
+
+
 def test_a_refunded_part_payment_takes_its_money_off_the_invoice() -> None:
     """A refund that carries the invoice's block is money moved back: the invoice is owed
     again, in every arrival order. One without a block says nothing about the invoice."""

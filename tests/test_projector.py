@@ -825,3 +825,30 @@ def test_a_leader_cut_off_in_the_middle_of_a_batch_is_replaced_within_seconds(
         relay.close()
     assert took is not None, "no projector led again while the old session sat in its batch"
     assert took < 15
+
+
+def test_a_refund_the_invoice_never_heard_of_shows_as_an_open_discrepancy_on_it(
+        db_url: str) -> None:
+    """End to end: the part payment settles the invoice, the refund carries no block; the
+    invoice still says settled, and the discrepancies view says why not to trust it, once,
+    also after a rebuild."""
+    block = {"invoiceNo": "INV-R", "total": 900, "amountPaid": 900, "amountDue": 0,
+             "currency": "TZS"}
+    asyncio.run(append_all(db_url, [
+        new_event("invoice.created", 93000, reference="INV-R", amount=900,
+                  service="Invoicing", timestamp="20261122080000",
+                  invoice={**block, "amountPaid": 0, "amountDue": 900}),
+        new_event("payment.confirmed", 91000, reference="PAY-R", amount=900,
+                  timestamp="20261122081000", invoice=block),
+        new_event("payment.refunded", 91010, reference="PAY-R", amount=900,
+                  status="REVERSED", timestamp="20261122100000")]))
+    asyncio.run(project_all(db_url))
+    query = ("SELECT kind, subject, reference, amount_at_risk, status "
+             "FROM hookledger.discrepancies WHERE kind = 'refunded_invoice_payment'")
+    with psycopg.connect(db_url) as conn:
+        assert conn.execute(query).fetchall() == [
+            ("refunded_invoice_payment", "invoice", "INV-R", 900, "open")]
+        assert conn.execute("SELECT settled FROM hookledger.invoices").fetchall() == [(True,)]
+    asyncio.run(rebuild(db_url))
+    with psycopg.connect(db_url) as conn:
+        assert len(conn.execute(query).fetchall()) == 1
