@@ -122,14 +122,55 @@ def test_floats_are_refused_by_the_exact_encoder() -> None:
         jsonenc.dumps({"amount": 1.5})
 
 
+@pytest.mark.parametrize("event", ["payment.confirmed", "chat.message.received"])
 @pytest.mark.parametrize("to", ["http://127.0.0.1:1", "not-a-url"])
-def test_send_to_a_receiver_that_is_not_there_says_so_without_a_traceback(to: str) -> None:
+def test_send_to_a_receiver_that_is_not_there_says_so_without_a_traceback(
+        to: str, event: str) -> None:
     from click.testing import CliRunner
 
     from hookledger.cli import main
 
-    result = CliRunner().invoke(main, ["sandbox", "send", "payment.confirmed", "--to", to,
+    result = CliRunner().invoke(main, ["sandbox", "send", event, "--to", to,
                                        "--secret", "s", "--timeout", "2"])
     assert result.exit_code == 1, result.output
     assert isinstance(result.exception, SystemExit)
     assert f"could not deliver to {to}" in result.output
+
+
+def test_send_of_a_chat_event_is_one_delivery_even_when_refused() -> None:
+    """``sandbox send`` says it sends one signed delivery: a refused chat delivery was
+    retried five more times at once (six refusals recorded for one command)."""
+    import http.server
+    import threading
+
+    from click.testing import CliRunner
+
+    from hookledger.cli import main
+
+    received: list[str] = []
+
+    class Refusing(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            received.append(self.headers.get("X-Service-Attempt", ""))
+            body = b'{"status":"refused","reason":"unknown_phone_number"}'
+            self.send_response(401)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        result = CliRunner().invoke(main, [
+            "sandbox", "send", "chat.message.received", "--secret", "s", "--timeout", "5",
+            "--to", f"http://127.0.0.1:{server.server_address[1]}"])
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.exit_code == 1, result.output
+    assert received == ["1"]
+    assert "401" in result.output and "unknown_phone_number" in result.output
