@@ -99,6 +99,10 @@ async def _open_pool(url: str) -> AsyncConnectionPool:
 
 
 def _report(rotated: Rotated, settings: Settings) -> None:
+    if not rotated.changed:  # store-secret of the secret already current
+        click.echo(f"{rotated.phone_number_id}: secret {rotated.label} already is the "
+                   f"current one; nothing changed")
+        return
     click.echo(f"rotated {rotated.phone_number_id}: new secret {rotated.label} stored; the "
                f"previous one still verifies for {settings.rotation_grace_s} s")
     if not rotated.recorded:

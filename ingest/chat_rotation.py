@@ -89,6 +89,7 @@ class Rotated:
     label: str
     at: datetime
     recorded: bool  # the ledger event is in (or already was)
+    changed: bool = True  # False: it already was the number's current secret
 
 
 def rotation_event(phone_number_id: str, label: str, at: datetime, *, via: str) -> NewEvent:
@@ -117,7 +118,8 @@ async def keep_secret(secrets: ChatSecretStore, ledger: LedgerStore, phone_numbe
     exception nobody caught, never shown."""
     at = clock()
     try:
-        label = await secrets.store_rotated(phone_number_id, secret, at, issued_at=issued_at)
+        installed = await secrets.store_rotated(phone_number_id, secret, at,
+                                                issued_at=issued_at)
     except ChatSecretError as exc:
         if exc.reason != "superseded":
             raise _not_stored(phone_number_id, secret, exc, on_not_stored) from None
@@ -129,6 +131,7 @@ async def keep_secret(secrets: ChatSecretStore, ledger: LedgerStore, phone_numbe
     except BaseException as exc:  # KeyboardInterrupt, SystemExit: handed over, then go on
         _not_stored(phone_number_id, secret, exc, on_not_stored)
         raise
+    label = installed.label
     try:
         await ledger.append([rotation_event(phone_number_id, label, at, via=via)])
         recorded = True
@@ -136,7 +139,7 @@ async def keep_secret(secrets: ChatSecretStore, ledger: LedgerStore, phone_numbe
         log.warning("chat_secret.rotation_not_recorded", phone_number_id=phone_number_id,
                     label=label, error=type(exc).__name__)
         recorded = False
-    return Rotated(phone_number_id, label, at, recorded)
+    return Rotated(phone_number_id, label, at, recorded, installed.changed)
 
 
 def _not_stored(phone_number_id: str, secret: str, exc: BaseException,

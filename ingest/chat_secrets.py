@@ -196,8 +196,9 @@ class ChatSecretStore:
                 await self._pool.putconn(conn)
 
     async def store_rotated(self, phone_number_id: str, new_secret: str,
-                            now: datetime, *, issued_at: datetime | None = None) -> str:
-        """Keep a secret the provider just issued; retire the previous one. Returns its label.
+                            now: datetime, *, issued_at: datetime | None = None) -> Installed:
+        """Keep a secret the provider just issued; retire the previous one. Returns its label
+        and whether anything changed (the number's current secret again changes nothing).
 
         One transaction; committed when this returns. Call it before anything else can fail:
         the provider shows a new secret once.
@@ -210,7 +211,7 @@ class ChatSecretStore:
         log.info("chat_secret.rotated", phone_number_id=phone_number_id,
                  label=installed.label, retired=list(installed.retired),
                  changed=installed.changed)
-        return installed.label
+        return installed
 
     async def bootstrap(self, secrets: Mapping[str, str], now: datetime) -> dict[str, str]:
         """Insert configured secrets the database does not know yet; return number -> label."""

@@ -254,7 +254,9 @@ def run(scenario: str, seed: int, to: str, general_secrets: str, chat_secrets: s
         state.save_to(state_file)
     started = time.monotonic()
     with running_sandbox(state=state, port=api_port) as api:
-        click.echo(f"sandbox API (reference records of this run): {api.url}", err=True)
+        click.echo(f"sandbox API of this run, until it ends: {api.url} (to reconcile "
+                   f"afterwards, keep its records with --state FILE and serve them with "
+                   f"'hookledger sandbox serve --state FILE')", err=True)
         report = run_plan(plan, to=to, general_secrets=general, chat_secrets=chat,
                           retry_scale=retry_scale)
     if truth_file:

@@ -198,6 +198,12 @@ def test_cli_storing_failure_prints_the_secret_once_and_store_secret_recovers_it
     assert stored_secrets(db_url)[new_secret] is None
     [(_, _, payload, _)] = rotation_events(db_url)
     assert payload["via"] == "store-secret"
+    assert "rotated" in stored.stdout and "nothing changed" not in stored.stdout
+    # run again (an operator unsure it worked): it says so, rather than "rotated"
+    again = invoke(["chat", "store-secret", PHONE], env, stdin=new_secret + "\n")
+    assert again.exit_code == 0, again.output
+    assert "already is the current one; nothing changed" in again.stdout
+    assert "rotated" not in again.stdout and new_secret not in again.output
 
 
 def test_admin_storing_failure_rescues_the_secret_to_a_private_file(
@@ -470,7 +476,7 @@ def test_a_caller_who_hangs_up_still_gets_an_unstored_secret_rescued(tmp_path: P
             async def rotation_lock(self, _: str) -> AsyncIterator[None]:
                 yield
 
-            async def store_rotated(self, *_: Any, **__: Any) -> str:
+            async def store_rotated(self, *_: Any, **__: Any) -> Any:
                 stored.set()
                 raise LedgerUnavailable("the database is away")
 
@@ -504,7 +510,7 @@ def test_a_store_cancelled_midway_still_hands_the_secret_back() -> None:
         storing = asyncio.Event()
 
         class Secrets:
-            async def store_rotated(self, *_: Any, **__: Any) -> str:
+            async def store_rotated(self, *_: Any, **__: Any) -> Any:
                 storing.set()
                 await asyncio.sleep(3600)  # a database that does not answer
                 raise AssertionError("not reached")
@@ -577,7 +583,7 @@ def test_a_store_interrupted_by_keyboard_interrupt_hands_the_secret_over_first()
     handed: list[SecretNotStored] = []
 
     class Secrets:
-        async def store_rotated(self, *_: Any, **__: Any) -> str:
+        async def store_rotated(self, *_: Any, **__: Any) -> Any:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
@@ -591,7 +597,7 @@ def test_a_store_that_fails_hands_the_secret_over_once_and_raises_it() -> None:
     handed: list[SecretNotStored] = []
 
     class Secrets:
-        async def store_rotated(self, *_: Any, **__: Any) -> str:
+        async def store_rotated(self, *_: Any, **__: Any) -> Any:
             raise LedgerUnavailable("the database is away")
 
     with pytest.raises(SecretNotStored) as raised:

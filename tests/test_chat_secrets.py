@@ -56,8 +56,10 @@ async def test_rotation_retires_the_previous_secret_in_the_same_transaction(
         pool: AsyncConnectionPool) -> None:
     secrets = store(pool)
     await secrets.bootstrap({"111": S1}, NOW)
-    label = await secrets.store_rotated("111", S2, NOW + timedelta(minutes=1))
-    assert label == fingerprint(S2)
+    installed = await secrets.store_rotated("111", S2, NOW + timedelta(minutes=1))
+    assert (installed.label, installed.changed) == (fingerprint(S2), True)
+    again = await secrets.store_rotated("111", S2, NOW + timedelta(minutes=2))
+    assert (again.label, again.changed) == (fingerprint(S2), False)
     assert await rows(pool) == [("111", fingerprint(S1), "bootstrap", False),
                                 ("111", fingerprint(S2), "rotation", True)]
     async with pool.connection() as conn:
