@@ -15,7 +15,7 @@ ledger's append lock until commit: appending last keeps ingest waiting as little
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cache
@@ -260,16 +260,26 @@ def unprojectable(projection: Projection, key: str, event: StoredEvent,
 async def apply_events(conn: Connection, events: Sequence[StoredEvent], *,
                        schema: str = PRIVATE_SCHEMA,
                        projections: Sequence[Projection] = PROJECTIONS,
-                       buffer: ReplayBuffer | None = None) -> list[Finding]:
+                       buffer: ReplayBuffer | None = None,
+                       past: Mapping[str, int] | None = None) -> list[Finding]:
     """Fold ``events`` into the projection tables of ``schema``; return what was found.
 
     Without ``buffer`` (the live projector) the rows are read and written in this call;
-    with one (a replay) they are held there and written when it spills or drains.
+    with one (a replay) they are held there and written when it spills or drains. With
+    ``past`` (checkpoint name -> position), a projection folds only the events after its
+    own checkpoint: the checkpoints can stand apart (an older ``serve`` still leading
+    after a migration added a projection moves only those it knows), and the batch read
+    from the lowest of them folded the others' events twice. (A malformed delivery's
+    finding may then be made again: its dedupe key keeps it one ledger event.)
     """
     findings = [Finding(unread, event) for event in events
                 if (unread := malformed_discrepancy(event)) is not None]
     for projection in projections:
-        touched, unkeyed = touched_keys(projection, events)
+        mine = events
+        if past is not None and (done := past.get(projection.table)) is not None \
+                and done > events[0].position - 1:
+            mine = [event for event in events if event.position > done]
+        touched, unkeyed = touched_keys(projection, mine)
         findings.extend(unkeyed)
         if not touched:
             continue
@@ -322,8 +332,8 @@ async def store_spill(conn: Connection, schema: str, spill: Spill) -> None:
 CHECKPOINT_NAMES = [p.table for p in PROJECTIONS]
 
 
-async def lock_checkpoint(conn: Connection, *, wait_s: float | None = None) -> int:
-    """Lock the projections' checkpoint rows for this transaction; return the position.
+async def lock_checkpoints(conn: Connection, *, wait_s: float | None = None) -> dict[str, int]:
+    """Lock the projections' checkpoint rows for this transaction; return each position.
 
     With ``wait_s``, raise ``LockNotAvailable`` (the transaction is then aborted) after
     waiting that long: a rebuild holds these rows for its whole run, and a caller that must
@@ -334,18 +344,24 @@ async def lock_checkpoint(conn: Connection, *, wait_s: float | None = None) -> i
     if wait_s is not None:
         await conn.execute(f"SET LOCAL lock_timeout = '{max(1, round(wait_s * 1000))}ms'")
     cur = await conn.execute(
-        "SELECT min(position) FROM (SELECT position FROM hookledger_private."
-        "projection_checkpoints WHERE name = ANY(%s) ORDER BY name FOR UPDATE) AS locked",
-        (CHECKPOINT_NAMES,))
-    row = await cur.fetchone()
+        "SELECT name, position FROM hookledger_private.projection_checkpoints "
+        "WHERE name = ANY(%s) ORDER BY name FOR UPDATE", (CHECKPOINT_NAMES,))
+    positions = {str(name): int(position) for name, position in await cur.fetchall()}
     if wait_s is not None:
         await conn.execute("SET LOCAL lock_timeout TO DEFAULT")
-    return int(row[0]) if row and row[0] is not None else 0
+    return positions
+
+
+async def lock_checkpoint(conn: Connection, *, wait_s: float | None = None) -> int:
+    """Lock the checkpoint rows (see :func:`lock_checkpoints`); return the lowest position."""
+    return min((await lock_checkpoints(conn, wait_s=wait_s)).values(), default=0)
 
 
 async def move_checkpoint(conn: Connection, position: int) -> None:
+    """Every projection is folded up to ``position`` now; one already past it stays."""
     await conn.execute(
-        "UPDATE hookledger_private.projection_checkpoints SET position = %s, updated_at = now() "
+        "UPDATE hookledger_private.projection_checkpoints "
+        "SET position = greatest(position, %s), updated_at = now() "
         "WHERE name = ANY(%s)", (position, CHECKPOINT_NAMES))
 
 
@@ -360,11 +376,13 @@ async def project_batch(conn: Connection, *, batch_size: int = 1000, emit: bool 
     if conn.info.parameter_status("TimeZone") != "UTC":
         await ready_for_folding(conn)
     async with conn.transaction():
-        after = await lock_checkpoint(conn, wait_s=lock_wait_s)
+        positions = await lock_checkpoints(conn, wait_s=lock_wait_s)
+        after = min(positions.values(), default=0)
         events = await read_in(conn, after, batch_size, facts_only=True)
         if not events:
             return 0
-        findings = await apply_events(conn, events, projections=projections)
+        findings = await apply_events(conn, events, projections=projections,
+                                      past=positions)
         await move_checkpoint(conn, events[-1].position)
         if emit and findings:
             now = datetime.now(UTC)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +21,11 @@ from psycopg_pool import AsyncConnectionPool
 
 from ledger import LedgerStore, NewEvent
 from ledger.schema import PRIVATE_SCHEMA
+from ledger.store import read_in
 from projections.live import LOCK_WAIT_S, LiveProjector, ProjectorThread, leader_query
 from projections.projector import (
     PROJECTIONS_BY_TABLE,
+    apply_events,
     checkpoint,
     connect,
     lock_checkpoint,
@@ -852,3 +855,52 @@ def test_a_refund_the_invoice_never_heard_of_shows_as_an_open_discrepancy_on_it(
     asyncio.run(rebuild(db_url))
     with psycopg.connect(db_url) as conn:
         assert len(conn.execute(query).fetchall()) == 1
+
+
+async def project_as_older_code(url: str, known: Sequence[Projection]) -> None:
+    """What an older ``serve`` does after a newer one migrated: it folds and moves the
+    checkpoints of the projections it knows, from the lowest of those, and no others."""
+    names = [p.table for p in known]
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        while True:
+            async with conn.transaction():
+                cur = await conn.execute(
+                    "SELECT min(position) FROM (SELECT position FROM hookledger_private."
+                    "projection_checkpoints WHERE name = ANY(%s) ORDER BY name FOR UPDATE) "
+                    "AS locked", (names,))
+                row = await cur.fetchone()
+                events = await read_in(conn, int(row[0]) if row and row[0] else 0, 37,
+                                       facts_only=True)
+                if not events:
+                    return
+                await apply_events(conn, events, projections=known)
+                await conn.execute(
+                    "UPDATE hookledger_private.projection_checkpoints SET position = %s "
+                    "WHERE name = ANY(%s)", (events[-1].position, names))
+
+
+@pytest.mark.parametrize("lagging", ["discrepancies", "payments"])
+def test_checkpoints_left_apart_by_an_older_projector_fold_each_event_once(
+        db_url: str, lagging: str) -> None:
+    """A rolling upgrade: the older code, still leading, moves the checkpoints of the
+    projections it knows and never the new one's. The batch read from the lowest
+    checkpoint then reached projections already past it, and folded those events a second
+    time (event counts doubled, rows that a rebuild calls different). Each projection now
+    folds only what is past its own checkpoint, and none is moved back."""
+    first = mixed_events(40, seed=3, prefix="a")
+    asyncio.run(append_all(db_url, first))
+    asyncio.run(project_all(db_url))
+    behind = asyncio.run(_checkpoint_of(db_url))
+    later = mixed_events(40, seed=4, prefix="b")
+    asyncio.run(append_all(db_url, later))
+    older = [p for p in PROJECTIONS if p.table != lagging]
+    asyncio.run(project_as_older_code(db_url, older))
+    assert asyncio.run(_checkpoint_of(db_url)) == behind  # the lagging one held it back
+    asyncio.run(project_all(db_url))
+    assert applied_counts(db_url) == expected_applications(first + later)
+    assert asyncio.run(verify(db_url)).identical
+    with psycopg.connect(db_url) as conn:
+        positions = {name: position for name, position in conn.execute(
+            "SELECT name, position FROM hookledger_private.projection_checkpoints")}
+    head = max(positions.values())
+    assert set(positions.values()) == {head} and head > behind
