@@ -39,10 +39,10 @@ from ingest.general_endpoint import GeneralEndpoint
 from ingest.incoming import Incoming
 from ingest.metrics import IngestMetrics
 from ingest.responses import Accepted
-from ingest.spool import Spool
+from ingest.spool import Spool, database_folder
 from ingest.spool_drain import SpoolDrainer
 from ledger import LedgerStore
-from ledger.store import read_committed
+from ledger.store import database_identity, read_committed
 from projections.live import LiveProjector, application_name
 
 log = structlog.get_logger("hookledger.service")
@@ -106,7 +106,10 @@ def create_app(settings: Settings, database_url: str, *,
             await pool.open(wait=True, timeout=30)
             stack.push_async_callback(pool.close)
             store = LedgerStore(pool, acquire_timeout_s=settings.append_timeout_s)
-            spool = Spool(settings.home / "spool")
+            async with pool.connection() as conn:
+                identity = await database_identity(conn)
+            spool_home = settings.home / "spool"
+            spool = Spool(database_folder(spool_home, identity), legacy=spool_home)
             stack.callback(spool.close)
             drainer = SpoolDrainer(spool, answered_within(store.append, settings.append_stall_s))
             drainer.start()

@@ -6,6 +6,12 @@ delivery for good. Instead, the appender writes such a batch here, fsyncs, and a
 when the database is back (the ledger's dedupe key makes a re-append after a crash
 harmless), and deletes each file once all of it is in the ledger.
 
+Each database has its own folder under the home's ``spool/`` (:func:`database_folder`):
+processes run from one folder against different databases (production and staging, two
+tenants) share a home, and a drainer took any file there, appending an acknowledged
+delivery to another database's ledger. Files written before there were such folders lie in
+``spool/`` itself and are still drained by any process (``legacy``).
+
 Format: a file per process start and generation, ``spool-<pid>-<start>-<n>.hls``, held
 under an exclusive ``flock`` by the process writing it, so a second process never drains a
 file still being written, and drains the files of a process that died. ``<start>`` is
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import base64
 import fcntl
+import hashlib
 import json
 import os
 import struct
@@ -131,11 +138,19 @@ def read_records(data: bytes, name: str = "") -> tuple[list[NewEvent], list[Dama
     return events, damage
 
 
+def database_folder(spool_home: Path, identity: str) -> Path:
+    """The spool folder of the database whose identity (``ledger.store.database_identity``)
+    is given: a short digest of it, the same for every process using that database."""
+    return spool_home / f"db-{hashlib.sha256(identity.encode()).hexdigest()[:16]}"
+
+
 class Spool:
     """This process's spool: append with fsync, and hand closed files to the drainer."""
 
-    def __init__(self, folder: Path, *, owner: str | None = None) -> None:
+    def __init__(self, folder: Path, *, owner: str | None = None,
+                 legacy: Path | None = None) -> None:
         self.folder = folder
+        self.legacy = legacy  # where files of releases without per-database folders lie
         _durable_folder(folder)
         self._owner = owner  # None: this process's id (tests give two spools two owners)
         self._start = os.urandom(4).hex()  # this process start's own names (see above)
@@ -250,7 +265,7 @@ class Spool:
         ledger before that file's, out of the order they were written in."""
         self._sweep_unnamed()
         held: set[str] = set()  # writers one of whose files another process holds
-        for path in _in_order(list(self.folder.glob("spool-*.hls"))):
+        for path in _in_order(self._files()):
             if path == self._path or _writer(path) in held:
                 continue
             try:
@@ -298,10 +313,16 @@ class Spool:
             except OSError:  # gone meanwhile, locked by its writer, or not ours to remove
                 continue
 
+    def _files(self) -> list[Path]:
+        found = list(self.folder.glob("spool-*.hls"))
+        if self.legacy is not None and self.legacy != self.folder:
+            found += self.legacy.glob("spool-*.hls")
+        return found
+
     def depth(self) -> int:
         """Bytes waiting in spool files (this process's and any other's)."""
         total = 0
-        for path in self.folder.glob("spool-*.hls"):
+        for path in self._files():
             try:
                 total += path.stat().st_size
             except FileNotFoundError:

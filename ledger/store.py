@@ -143,6 +143,25 @@ async def end_if_idle_in_transaction(conn: psycopg.AsyncConnection[Any],
                        (str(max(1, round(seconds * 1000))),))  # milliseconds
 
 
+async def database_identity(conn: psycopg.AsyncConnection[Any]) -> str:
+    """What tells this database from every other one a process could be pointed at: its
+    cluster's system identifier (drawn at initdb, kept across restarts and renames) and
+    its name. A role that may not read the identifier (a hosted server may refuse it)
+    gets the server's address and port in its place."""
+    try:
+        cur = await conn.execute("SELECT system_identifier::text FROM pg_control_system()")
+        row = await cur.fetchone()
+        cluster = str(row[0]) if row else "?"
+    except psycopg.errors.InsufficientPrivilege:
+        cur = await conn.execute("SELECT coalesce(host(inet_server_addr()), 'local') || ':' "
+                                 "|| coalesce(inet_server_port(), 0)")
+        row = await cur.fetchone()
+        cluster = f"address {row[0] if row else '?'}"
+    cur = await conn.execute("SELECT current_database()")
+    row = await cur.fetchone()
+    return f"{cluster}/{row[0] if row else '?'}"
+
+
 class LedgerStore:
     """The ledger over a psycopg async connection pool."""
 

@@ -107,7 +107,7 @@ def test_a_silent_database_is_given_up_on_and_the_delivery_spooled(
 
         assert sorted(wait_for(general_references, timeout_s=30)) == [
             "BEFORE", "DURING-1", "DURING-2"]  # each once, whichever way it got there
-        wait_for(lambda: not any((home / "spool").glob("spool-*.hls")), timeout_s=30)
+        wait_for(lambda: not any((home / "spool").rglob("spool-*.hls")), timeout_s=30)
 
 
 def test_a_chat_delivery_is_answered_too_from_the_secrets_read_last(

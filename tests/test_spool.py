@@ -246,6 +246,12 @@ def test_a_restart_with_its_predecessors_process_id_never_writes_into_its_files(
     assert sorted(p.name for p in tmp_path.iterdir()) == [written.name]  # nothing hidden left
 
 
+def database_spool(home: Path) -> Path:
+    """The spool folder a service on ``home`` made for its database (one per database)."""
+    [folder] = (home / "spool").glob("db-*")
+    return folder
+
+
 def _connections(admin: str, name: str, allow: bool) -> None:
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS {str(allow).lower()}')
@@ -293,7 +299,47 @@ def test_deliveries_during_an_outage_are_spooled_answered_and_drained_in_order(
             time.sleep(0.1)
         assert refs == [f"OUT-{i}" for i in range(12)]
         assert client.get(f"{base}/readyz").json()["spool_bytes"] == 0
-    assert list(tmp_path.joinpath("spool").glob("*.hls")) == []
+    assert list(tmp_path.joinpath("spool").rglob("spool-*.hls")) == []
+
+
+def test_a_home_shared_by_two_databases_drains_each_ones_spool_into_its_own_ledger(
+        db_url: str, pg_admin_url: str, template_database: str, tmp_path: Path) -> None:
+    """Two services run from one folder (one home) against two databases: spool files
+    said nothing of their database, so the other service drained an acknowledged payment
+    into its own ledger and deleted the file. Each database has its own spool now."""
+    from tests.dbutil import create_database, drop_database, unique_name
+
+    name = str(conninfo_to_dict(db_url)["dbname"])
+    other_name = unique_name("hookledger_test_other")
+    other_url = create_database(pg_admin_url, other_name, template=template_database)
+    raw = encode(general_body("payment.confirmed", 91000, reference="PROD-PAY-1"))
+
+    def references(url: str) -> list[str]:
+        with psycopg.connect(url) as conn:
+            return [r for (r,) in conn.execute(
+                "SELECT payload->>'reference' FROM hookledger.ledger ORDER BY position")]
+
+    try:
+        with running_service(db_url, general_secrets="main=s3cret", home=tmp_path,
+                             append_timeout_s=0.5) as base, \
+                running_service(other_url, general_secrets="main=other", home=tmp_path), \
+                httpx.Client(timeout=30) as client:
+            _connections(pg_admin_url, name, allow=False)
+            try:
+                answer = client.post(f"{base}/webhooks/general/main", content=raw, headers={
+                    "x-service-signature": general_header("s3cret", raw)})
+                assert answer.status_code == 200 and answer.json()["spooled"], answer.text
+                time.sleep(3)  # several drain rounds of both services
+                assert references(other_url) == []
+            finally:
+                _connections(pg_admin_url, name, allow=True)
+            deadline = time.monotonic() + 30
+            while references(db_url) != ["PROD-PAY-1"]:
+                assert time.monotonic() < deadline, "the spooled payment never reached its ledger"
+                time.sleep(0.1)
+            assert references(other_url) == []
+    finally:
+        drop_database(pg_admin_url, other_name)
 
 
 @pytest.mark.anyio
@@ -314,6 +360,26 @@ async def test_an_event_the_ledger_refuses_is_quarantined_and_the_rest_drained(
     assert kept == [poison] and damage == []
     assert list(tmp_path.glob("spool-*.hls")) == [] and spool.backlog == 0
     assert drainer.quarantined == 1
+
+
+@pytest.mark.anyio
+async def test_spool_files_from_before_per_database_folders_are_still_drained(
+        pool: AsyncConnectionPool, tmp_path: Path) -> None:
+    """An upgrade must not strand what an older release spooled in ``spool/`` itself:
+    those files are drained (first: they are older) and counted in the depth."""
+    old = Spool(tmp_path, owner="old-release")
+    old.write([event(1), event(2)])
+    old.seal()
+    spool = Spool(tmp_path / "db-0123", legacy=tmp_path)
+    spool.write([event(3)])
+    spool.seal()
+    assert spool.depth() > 0 and spool.depth() == sum(
+        p.stat().st_size for p in tmp_path.rglob("spool-*.hls"))
+    assert await SpoolDrainer(spool, LedgerStore(pool).append).drain_once() == 3
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT dedupe_key FROM hookledger.ledger ORDER BY position")
+        assert [k for (k,) in await cur.fetchall()] == [event(n).dedupe_key for n in (1, 2, 3)]
+    assert list(tmp_path.rglob("spool-*.hls")) == [] and spool.depth() == 0
 
 
 @pytest.mark.anyio
@@ -349,7 +415,7 @@ def test_only_when_neither_the_database_nor_the_spool_can_take_it_is_the_answer_
     headers = {"x-service-signature": general_header("s3cret", raw)}
     with running_service(db_url, general_secrets="main=s3cret", home=tmp_path,
                          append_timeout_s=0.5) as base, httpx.Client(timeout=30) as client:
-        folder = tmp_path / "spool"
+        folder = database_spool(tmp_path)
         folder.rmdir()
         folder.write_text("a file where the spool folder should be")  # even root cannot
         _connections(pg_admin_url, name, allow=False)
@@ -464,7 +530,7 @@ def test_an_event_the_ledger_refuses_at_drain_time_is_kept_as_a_direct_append_ke
         finally:
             _connections(pg_admin_url, name, allow=True)
         deadline = time.monotonic() + 30
-        while any(tmp_path.joinpath("spool").glob("spool-*.hls")) \
+        while any(tmp_path.joinpath("spool").rglob("spool-*.hls")) \
                 and time.monotonic() < deadline:
             time.sleep(0.1)
         with psycopg.connect(db_url) as conn:
@@ -472,7 +538,7 @@ def test_an_event_the_ledger_refuses_at_drain_time_is_kept_as_a_direct_append_ke
                                  "FROM hookledger.ledger WHERE source = 'general'").fetchall()
         assert [(t, bytes(b), s, r) for t, b, s, r in found] == [
             ("general.malformed", raw, "collection:LATE-REFUSED", "refused_by_database")]
-        assert not tmp_path.joinpath("spool", QUARANTINE).exists()
+        assert not database_spool(tmp_path).joinpath(QUARANTINE).exists()
 
 
 @pytest.mark.anyio
@@ -521,9 +587,9 @@ def test_a_new_spool_folder_is_itself_durable_before_a_record_is_acknowledged(
     after their 200."""
     synced = _fsynced_paths(monkeypatch)
     home = tmp_path / "home"
-    spool = Spool(home / "spool")
+    spool = Spool(home / "spool" / "db-0123")  # as serve makes it: one per database
     spool.write([event(1)])
-    assert home in synced and home / "spool" in synced
+    assert {home, home / "spool", home / "spool" / "db-0123"} <= set(synced)
 
 
 def test_the_quarantine_files_name_is_durable_before_the_spool_file_goes(
