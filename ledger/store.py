@@ -143,6 +143,20 @@ async def end_if_idle_in_transaction(conn: psycopg.AsyncConnection[Any],
                        (str(max(1, round(seconds * 1000))),))  # milliseconds
 
 
+async def end_if_idle(conn: psycopg.AsyncConnection[Any], seconds: float) -> None:
+    """Have the server end this session once it has sat idle, outside a transaction, for
+    ``seconds`` (PostgreSQL 14 or newer; older servers keep it as before).
+
+    For sessions that hold a session lock (the projector's, a reconciliation pass's): the
+    lock goes when the server ends the session, not when the client does, and after a
+    network blip the server may keep the session, idle, until the kernel gives up on its
+    socket (two hours and more by default), with the lock and every process waiting for it.
+    Set before the lock is taken; the session must then speak more often than this."""
+    if conn.info.server_version >= 140000:
+        await conn.execute("SELECT set_config('idle_session_timeout', %s, false)",
+                           (str(max(1, round(seconds * 1000))),))  # milliseconds
+
+
 async def database_identity(conn: psycopg.AsyncConnection[Any]) -> str:
     """What tells this database from every other one a process could be pointed at: its
     cluster's system identifier (drawn at initdb, kept across restarts and renames) and

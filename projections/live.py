@@ -26,7 +26,7 @@ from typing import Any
 import psycopg
 import structlog
 
-from ledger.store import end_if_idle_in_transaction
+from ledger.store import end_if_idle, end_if_idle_in_transaction
 from projections.projector import connect, project_batch
 
 PROJECTOR_LOCK_KEY = 0x686F6F6B70726F6A  # "hookproj"
@@ -95,9 +95,7 @@ async def end_when_idle(conn: psycopg.AsyncConnection[Any], seconds: float,
     the bound inside a transaction it has.)
     """
     await end_if_idle_in_transaction(conn, in_batch_seconds)
-    if conn.info.server_version >= 140000:
-        await conn.execute("SELECT set_config('idle_session_timeout', %s, false)",
-                           (str(max(1, round(seconds * 1000))),))  # milliseconds
+    await end_if_idle(conn, seconds)
 
 
 class LiveProjector:

@@ -15,7 +15,7 @@ import asyncio
 import time
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
@@ -25,7 +25,7 @@ import psycopg
 import structlog
 
 from ledger import AppendResult, NewEvent
-from ledger.store import append_in, end_if_idle_in_transaction, read_committed
+from ledger.store import append_in, end_if_idle, end_if_idle_in_transaction, read_committed
 from projections.projector import catch_up, ready_for_folding
 from reconcile import store
 from reconcile.checks import Local, Verdict, decide, settle
@@ -88,6 +88,9 @@ class PassConfig:
     rate_per_s: float = 0.0  # 0: only the client's concurrency bounds the pace
     retry_base: timedelta = timedelta(seconds=60)
     retry_cap: timedelta = timedelta(hours=1)
+    # the server ends the pass's session once it is idle this long, so a session a network
+    # blip left behind lets go of the reconciliation lock; the pass speaks every quarter of it
+    idle_session_s: float = 60.0
     zone: ZoneInfo = field(default_factory=lambda: ZoneInfo("Africa/Dar_es_Salaam"))
 
 
@@ -155,13 +158,15 @@ class Reconciler:
         # held by a session of its own, idle all along, it went when the server ended that
         # one (idle_session_timeout, a proxy), and the pass went on beside the next
         async with await psycopg.AsyncConnection.connect(self._url, autocommit=True) as conn:
+            # before the lock: a session the server never ends could hold it for hours
+            await end_if_idle(conn, self.config.idle_session_s)
+            await end_if_idle_in_transaction(conn)  # a pass appends: never hold that idle
             cur = await conn.execute("SELECT pg_try_advisory_lock(%s)", (RECONCILE_LOCK_KEY,))
             row = await cur.fetchone()
             if not (row and row[0]):
                 result.skipped = True
                 return result
             await read_committed(conn)  # a pass appends
-            await end_if_idle_in_transaction(conn)  # and must not hold the append lock idle
             await ready_for_folding(conn)  # and folds (catch_up), as the projector does
             await self._pass(conn, result, now)
             await self._observe(conn)
@@ -215,7 +220,7 @@ class Reconciler:
                 log.exception("reconcile.lookup_failed", reference=reference)
                 return Lookup(reference, "error", error="internal", detail=type(exc).__name__)
 
-        lookups = await asyncio.gather(*(ask(d.reference) for d in due))
+        lookups = await self._speaking(conn, asyncio.gather(*(ask(d.reference) for d in due)))
         events: list[NewEvent] = []
         marks: list[Mark] = []
         recoveries: list[tuple[int, str, str]] = []
@@ -260,6 +265,31 @@ class Reconciler:
                         self._observer.recovered(subject, 1)
             await store.mark_checked(conn, marks)
         result.checked += len(due)
+
+    async def _speaking(self, conn: store.Connection,
+                        work: Awaitable[list[Lookup]]) -> list[Lookup]:
+        """Await ``work`` (the provider's answers, minutes for a large chunk at a set pace)
+        while the pass's session speaks every quarter of its idle limit, so the server,
+        which ends a session idle that long, never ends a working pass's."""
+        done = asyncio.Event()
+        interval = max(0.05, self.config.idle_session_s / 4)
+
+        async def beat() -> None:
+            while not done.is_set():
+                try:
+                    await asyncio.wait_for(done.wait(), interval)
+                except TimeoutError:
+                    try:
+                        await conn.execute("SELECT 1")
+                    except psycopg.Error:
+                        return  # the connection is gone: the pass's next statement says so
+
+        beater = asyncio.create_task(beat())
+        try:
+            return await work
+        finally:
+            done.set()
+            await beater  # never cancelled mid-statement: that could break the connection
 
     async def _append(self, conn: store.Connection, events: list[NewEvent],
                       spans: Sequence[Span], marks: list[Mark], result: PassResult,

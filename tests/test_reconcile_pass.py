@@ -622,3 +622,72 @@ def test_a_pass_that_lost_its_lock_never_runs_beside_another(db_url: str) -> Non
                         "hookledger.discrepancies") == [(20, 20)]
     assert rows(db_url, "SELECT count(*) FROM hookledger.ledger "
                         "WHERE event_type = 'reconcile.checked'") == [(20,)]
+
+
+def lock_holders(url: str) -> int:
+    return int(rows(url, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                         "AND granted AND objsubid = 1 AND database = (SELECT oid FROM "
+                         "pg_database WHERE datname = current_database()) "
+                         "AND classid::bigint = %s AND objid::bigint = %s",
+                    runner.RECONCILE_LOCK_KEY >> 32,
+                    runner.RECONCILE_LOCK_KEY & 0xFFFFFFFF)[0][0])
+
+
+def test_a_pass_cut_off_by_a_network_blip_lets_go_of_the_lock_within_its_idle_limit(
+        db_url: str) -> None:
+    """The pass's session holds the reconciliation lock and sits idle while the provider
+    answers. Cut off from its client, the server kept it, idle, until the kernel gave up
+    on the socket (hours): every later pass, in every process, was skipped. The server now
+    ends it once idle past the limit, while a working pass speaks often enough to keep it."""
+    from tests.relay import SocketRelay
+
+    state = CountingState()
+    for n in range(3):
+        state.record_general(body("payment.confirmed", 91000, reference=f"BLIP-{n}",
+                                  amount=10))
+        expect(db_url, f"BLIP-{n}", "collection", 10)
+    relay = SocketRelay(db_url)
+    failed: list[BaseException] = []
+
+    def cut_pass(api_url: str) -> None:
+        try:
+            reconcile(relay.url, api_url, timeout_s=30, concurrency=1, idle_session_s=2.0)
+        except Exception as exc:  # noqa: BLE001 - its connection is cut under it
+            failed.append(exc)
+
+    try:
+        with running_sandbox(state=state, faults=FaultSettings(latency_ms=3000)) as api:
+            thread = threading.Thread(target=cut_pass, args=(api.url,))
+            thread.start()
+            deadline = time.monotonic() + 30
+            while not state.asked:
+                assert time.monotonic() < deadline, "the first pass never asked"
+                time.sleep(0.02)
+            assert lock_holders(db_url) == 1
+            relay.cut_clients()
+            cut_at = time.monotonic()
+            while lock_holders(db_url) and time.monotonic() - cut_at < 20:
+                time.sleep(0.1)
+            released = time.monotonic() - cut_at
+            thread.join(timeout=60)
+            second = reconcile(db_url, api.url, concurrency=4, timeout_s=30)
+    finally:
+        relay.close()
+    assert released < 10, "the lingering session kept the reconciliation lock"
+    assert not second.skipped and second.checked == 3
+    assert failed  # the cut pass failed on its broken connection, as any pass would
+
+
+def test_a_pass_whose_answers_take_longer_than_the_idle_limit_keeps_its_session(
+        db_url: str) -> None:
+    """The other side of the limit: lookups that take several times as long as it (a slow
+    provider, a paced backlog) do not get a working pass's session ended."""
+    state = CountingState()
+    for n in range(3):
+        state.record_general(body("payment.confirmed", 91000, reference=f"SLOW-{n}",
+                                  amount=10))
+        expect(db_url, f"SLOW-{n}", "collection", 10)
+    with running_sandbox(state=state, faults=FaultSettings(latency_ms=1500)) as api:
+        result = reconcile(db_url, api.url, concurrency=1, timeout_s=30, idle_session_s=1.0)
+    assert not result.skipped and result.checked == 3 and sorted(result.recovered) == [
+        "SLOW-0", "SLOW-1", "SLOW-2"]
