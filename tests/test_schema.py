@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import psycopg
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -115,3 +117,27 @@ def test_the_ledger_compresses_with_lz4_where_the_server_has_it(empty_db_url: st
             "SELECT attcompression FROM pg_attribute WHERE attrelid = "
             "'hookledger_private.ledger_events'::regclass AND attname = 'raw_body'")}
     assert after == {""}
+
+
+def test_a_database_a_newer_release_migrated_is_refused_plainly_and_left_alone(
+        db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rolled back to an older release after a newer one migrated: alembic's answer was a
+    traceback about a revision it cannot locate. It is a message now, exit 1, and the
+    database keeps its revision."""
+    from click.testing import CliRunner
+
+    from hookledger.cli import main
+
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("UPDATE hookledger_private.alembic_version SET version_num = '9999_from_the_future'")
+    with pytest.raises(migrate.DatabaseNewerThanCode, match="newer hookledger"):
+        migrate.upgrade(db_url)
+    monkeypatch.setenv("HOOKLEDGER_DATABASE_URL", db_url)
+    monkeypatch.setenv("HOOKLEDGER_HOME", str(tmp_path))
+    result = CliRunner().invoke(main, ["migrate"])
+    assert result.exit_code == 1, result.output
+    assert "migrated by a newer hookledger" in result.output
+    assert "Traceback" not in result.output
+    with psycopg.connect(db_url) as conn:
+        assert conn.execute("SELECT version_num FROM hookledger_private.alembic_version").fetchall() == [
+            ("9999_from_the_future",)]
