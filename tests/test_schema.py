@@ -129,7 +129,8 @@ def test_a_database_a_newer_release_migrated_is_refused_plainly_and_left_alone(
     from hookledger.cli import main
 
     with psycopg.connect(db_url, autocommit=True) as conn:
-        conn.execute("UPDATE hookledger_private.alembic_version SET version_num = '9999_from_the_future'")
+        conn.execute("UPDATE hookledger_private.alembic_version "
+                     "SET version_num = '9999_from_the_future'")
     with pytest.raises(migrate.DatabaseNewerThanCode, match="newer hookledger"):
         migrate.upgrade(db_url)
     monkeypatch.setenv("HOOKLEDGER_DATABASE_URL", db_url)
@@ -139,5 +140,5 @@ def test_a_database_a_newer_release_migrated_is_refused_plainly_and_left_alone(
     assert "migrated by a newer hookledger" in result.output
     assert "Traceback" not in result.output
     with psycopg.connect(db_url) as conn:
-        assert conn.execute("SELECT version_num FROM hookledger_private.alembic_version").fetchall() == [
-            ("9999_from_the_future",)]
+        assert conn.execute("SELECT version_num FROM hookledger_private.alembic_version"
+                            ).fetchall() == [("9999_from_the_future",)]
