@@ -110,6 +110,11 @@ def create_app(settings: Settings, database_url: str, *,
                 identity = await database_identity(conn)
             spool_home = settings.home / "spool"
             spool = Spool(database_folder(spool_home, identity), legacy=spool_home)
+            for folder, count in spool.elsewhere().items():
+                log.warning("spool.other_database_files", folder=str(folder), files=count,
+                            this_database=str(spool.folder),
+                            hint="deliveries another database's processes will drain; if "
+                                 "this is the same ledger restored elsewhere, move them here")
             stack.callback(spool.close)
             drainer = SpoolDrainer(spool, answered_within(store.append, settings.append_stall_s))
             drainer.start()

@@ -6,11 +6,13 @@ delivery for good. Instead, the appender writes such a batch here, fsyncs, and a
 when the database is back (the ledger's dedupe key makes a re-append after a crash
 harmless), and deletes each file once all of it is in the ledger.
 
-Each database has its own folder under the home's ``spool/`` (:func:`database_folder`):
-processes run from one folder against different databases (production and staging, two
-tenants) share a home, and a drainer took any file there, appending an acknowledged
-delivery to another database's ledger. Files written before there were such folders lie in
-``spool/`` itself and are still drained by any process (``legacy``).
+Each database has its own folder under the home's ``spool/`` (:func:`database_folder`,
+named after the ledger's identity, migration 0011): processes run from one folder against
+different databases (production and staging, two tenants) share a home, and a drainer took
+any file there, appending an acknowledged delivery to another database's ledger. Files
+written before there were such folders lie in ``spool/`` itself and are still drained by
+any process (``legacy``). Files waiting in another database's folder are named at start
+(:meth:`Spool.elsewhere`), never drained here: moving them into the right folder drains them.
 
 Format: a file per process start and generation, ``spool-<pid>-<start>-<n>.hls``, held
 under an exclusive ``flock`` by the process writing it, so a second process never drains a
@@ -139,7 +141,7 @@ def read_records(data: bytes, name: str = "") -> tuple[list[NewEvent], list[Dama
 
 
 def database_folder(spool_home: Path, identity: str) -> Path:
-    """The spool folder of the database whose identity (``ledger.store.database_identity``)
+    """The spool folder of the ledger whose identity (``ledger.store.database_identity``)
     is given: a short digest of it, the same for every process using that database."""
     return spool_home / f"db-{hashlib.sha256(identity.encode()).hexdigest()[:16]}"
 
@@ -317,6 +319,21 @@ class Spool:
         found = list(self.folder.glob("spool-*.hls"))
         if self.legacy is not None and self.legacy != self.folder:
             found += self.legacy.glob("spool-*.hls")
+        return found
+
+    def elsewhere(self) -> dict[Path, int]:
+        """Spool files waiting in other databases' folders of this home, by folder: theirs
+        to drain, unless a database moved (a restore into a database with another
+        identity), and then a person's to move here."""
+        found: dict[Path, int] = {}
+        if self.legacy is None:
+            return found
+        for folder in self.legacy.glob("db-*"):
+            if folder == self.folder:
+                continue
+            count = sum(1 for _ in folder.glob("spool-*.hls"))
+            if count:
+                found[folder] = count
         return found
 
     def depth(self) -> int:

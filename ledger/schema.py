@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     CheckConstraint,
     Column,
     DateTime,
@@ -71,3 +72,15 @@ ledger_events = Table(
 )
 Index(None, ledger_events.c.stream, ledger_events.c.position)
 Index(None, ledger_events.c.event_type, ledger_events.c.position)
+
+# One row, drawn when the ledger is created (migration 0011): the ledger's own identity,
+# kept by a dump and restore, a rename, a failover and a change of address, all of which
+# change what the server says about itself. Spool folders are named after it.
+ledger_identity = Table(
+    "ledger_identity",
+    metadata,
+    Column("one", Boolean, primary_key=True, server_default=text("true")),
+    Column("id", UUID(as_uuid=True), nullable=False, server_default=text("gen_random_uuid()")),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    CheckConstraint("one", name="single_row"),
+)

@@ -158,22 +158,19 @@ async def end_if_idle(conn: psycopg.AsyncConnection[Any], seconds: float) -> Non
 
 
 async def database_identity(conn: psycopg.AsyncConnection[Any]) -> str:
-    """What tells this database from every other one a process could be pointed at: its
-    cluster's system identifier (drawn at initdb, kept across restarts and renames) and
-    its name. A role that may not read the identifier (a hosted server may refuse it)
-    gets the server's address and port in its place."""
-    try:
-        cur = await conn.execute("SELECT system_identifier::text FROM pg_control_system()")
-        row = await cur.fetchone()
-        cluster = str(row[0]) if row else "?"
-    except psycopg.errors.InsufficientPrivilege:
-        cur = await conn.execute("SELECT coalesce(host(inet_server_addr()), 'local') || ':' "
-                                 "|| coalesce(inet_server_port(), 0)")
-        row = await cur.fetchone()
-        cluster = f"address {row[0] if row else '?'}"
-    cur = await conn.execute("SELECT current_database()")
+    """The ledger's own identity (migration 0011) and the database's name.
+
+    The id is drawn once and kept by a dump and restore, a failover and a change of
+    address, none of which may strand spool files; the name tells apart the copies made
+    from one database as a template (staging made from production), which share the id.
+    (Renaming a database with spool files waiting leaves them in the old name's folder,
+    which ``serve`` names at start.)"""
+    cur = await conn.execute("SELECT id::text, current_database() "
+                             "FROM hookledger_private.ledger_identity")
     row = await cur.fetchone()
-    return f"{cluster}/{row[0] if row else '?'}"
+    if row is None:
+        raise LedgerError("the ledger has no identity row: run hookledger migrate")
+    return f"{row[0]}/{row[1]}"
 
 
 class LedgerStore:

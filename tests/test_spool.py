@@ -382,6 +382,40 @@ async def test_spool_files_from_before_per_database_folders_are_still_drained(
     assert list(tmp_path.rglob("spool-*.hls")) == [] and spool.depth() == 0
 
 
+def test_files_waiting_for_another_database_are_named_never_drained(tmp_path: Path) -> None:
+    mine = Spool(tmp_path / "db-mine", legacy=tmp_path)
+    theirs = Spool(tmp_path / "db-theirs", legacy=tmp_path)
+    theirs.write([event(1), event(2)])
+    theirs.seal()
+    Spool(tmp_path / "db-empty", legacy=tmp_path)
+    assert mine.elsewhere() == {tmp_path / "db-theirs": 1}
+    assert [path for path, _ in mine.drainable()] == []
+    assert theirs.elsewhere() == {}
+
+
+@pytest.mark.anyio
+async def test_each_ledger_has_an_identity_of_its_own_that_stays(
+        pool: AsyncConnectionPool, pg_admin_url: str, template_database: str) -> None:
+    """The spool folder follows the ledger's identity (migration 0011, with the database's
+    name): the same for every connection to it, another for another database, even one
+    made from it as a template (as every test database here is). A restore copies the
+    row, so it keeps the folder its spooled deliveries wait in, whatever the server."""
+    from ledger.store import database_identity
+    from tests.dbutil import create_database, drop_database, unique_name
+
+    async with pool.connection() as conn:
+        first = await database_identity(conn)
+    async with pool.connection() as conn:
+        assert await database_identity(conn) == first
+    other_name = unique_name("hookledger_test_other")
+    other_url = create_database(pg_admin_url, other_name, template=template_database)
+    try:
+        async with await psycopg.AsyncConnection.connect(other_url) as conn:
+            assert await database_identity(conn) != first
+    finally:
+        drop_database(pg_admin_url, other_name)
+
+
 @pytest.mark.anyio
 async def test_a_file_drained_by_another_process_leaves_its_writers_backlog(
         pool: AsyncConnectionPool, tmp_path: Path) -> None:
