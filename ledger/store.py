@@ -130,7 +130,8 @@ IDLE_IN_TRANSACTION_S = 60.0
 async def end_if_idle_in_transaction(conn: psycopg.AsyncConnection[Any],
                                      seconds: float = IDLE_IN_TRANSACTION_S) -> None:
     """Have the server end this session once it has sat idle inside a transaction for
-    ``seconds``: call it on every connection that appends between other statements.
+    ``seconds`` (0: never): call it on every connection that appends between other
+    statements.
 
     A network blip between two statements leaves the server's session idle in its
     transaction, holding its locks, until the kernel gives up on the socket (hours without
@@ -139,8 +140,9 @@ async def end_if_idle_in_transaction(conn: psycopg.AsyncConnection[Any],
     to the spool, and the views stopped. Ending the session rolls the transaction back;
     its owner has seen its connection go and does the work again.
     """
+    limit = str(max(1, round(seconds * 1000))) if seconds > 0 else "0"  # ms; 0: no bound
     await conn.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
-                       (str(max(1, round(seconds * 1000))),))  # milliseconds
+                       (limit,))
 
 
 async def end_if_idle(conn: psycopg.AsyncConnection[Any], seconds: float) -> None:

@@ -27,7 +27,7 @@ import psycopg
 import structlog
 
 from ledger.store import end_if_idle, end_if_idle_in_transaction
-from projections.projector import connect, project_batch
+from projections.projector import FOLD_ALLOWANCE_S_PER_EVENT, connect, project_batch
 
 PROJECTOR_LOCK_KEY = 0x686F6F6B70726F6A  # "hookproj"
 NOTIFY_CHANNEL = "hookledger_ledger"
@@ -64,12 +64,6 @@ def idle_limit_s(*, poll_s: float, standby_retry_s: float, coalesce_s: float) ->
     times the longest a working one ever waits between statements (a leader polls every
     ``poll_s`` and then lets ``coalesce_s`` pass; a standby asks every ``standby_retry_s``)."""
     return 5 * max(1.0, poll_s + coalesce_s, standby_retry_s)
-
-
-# A batch's longest wait between two of its statements is its reading and folding in Python:
-# 30-70 us an event where measured (bench/PERFORMANCE.md). A millisecond an event is far
-# beyond that, and grows with a configured batch size.
-FOLD_ALLOWANCE_S_PER_EVENT = 0.001
 
 
 def idle_in_batch_limit_s(idle_s: float, batch_size: int) -> float:

@@ -32,7 +32,13 @@ import projections.schema  # noqa: F401 - declares the projection tables on meta
 from ledger import NewEvent, StoredEvent
 from ledger.jsonenc import dumps
 from ledger.schema import PRIVATE_SCHEMA, metadata
-from ledger.store import append_in, end_if_idle_in_transaction, read_committed, read_in
+from ledger.store import (
+    IDLE_IN_TRANSACTION_S,
+    append_in,
+    end_if_idle_in_transaction,
+    read_committed,
+    read_in,
+)
 from projections.folding import Discrepancy
 from projections.malformed import malformed_discrepancy
 from projections.registry import PROJECTIONS, Projection, Row
@@ -62,10 +68,19 @@ def discrepancy_event(finding: Finding, now: datetime) -> NewEvent:
                     received_at=now, facts=payload, occurred_at=finding.cause.occurred_at)
 
 
-async def connect(url: str, *, application_name: str | None = None) -> Connection:
+# A batch's longest wait between two of its statements is its reading and folding in Python:
+# 30-70 us an event where measured (bench/PERFORMANCE.md). A millisecond an event is far
+# beyond that, and grows with a configured batch size.
+FOLD_ALLOWANCE_S_PER_EVENT = 0.001
+
+
+async def connect(url: str, *, application_name: str | None = None,
+                  idle_in_transaction_s: float = IDLE_IN_TRANSACTION_S) -> Connection:
     """A connection set up for folding: autocommit, orjson, READ COMMITTED (see
     :func:`ledger.store.read_committed`), sessions in UTC, and never left idle inside a
-    transaction that holds the append lock (:func:`ledger.store.end_if_idle_in_transaction`).
+    transaction that holds the append lock for longer than ``idle_in_transaction_s``
+    (:func:`ledger.store.end_if_idle_in_transaction`; 0: no bound, for a caller that
+    appends nothing and may fold for minutes between two statements).
 
     In UTC the driver builds datetimes with ``timezone.utc`` rather than a ``ZoneInfo``,
     which takes a fifth off reading the ledger (measured); the values are the same instants.
@@ -74,7 +89,7 @@ async def connect(url: str, *, application_name: str | None = None) -> Connectio
     conn = await psycopg.AsyncConnection.connect(url, autocommit=True, connect_timeout=10,
                                                  **extra)
     await read_committed(conn)  # its batches append discrepancies
-    await end_if_idle_in_transaction(conn)
+    await end_if_idle_in_transaction(conn, idle_in_transaction_s)
     await ready_for_folding(conn)
     return conn
 

@@ -24,8 +24,9 @@ import psycopg
 from psycopg import sql
 
 from ledger.schema import PRIVATE_SCHEMA
-from ledger.store import append_in, read_in
+from ledger.store import IDLE_IN_TRANSACTION_S, append_in, read_in
 from projections.projector import (
+    FOLD_ALLOWANCE_S_PER_EVENT,
     Connection,
     Finding,
     apply_events,
@@ -140,7 +141,11 @@ def collector_paused() -> Iterator[None]:
 async def rebuild(url: str, *, batch_size: int = 5000, buffer_rows: int = BUFFER_ROWS,
                   progress: Progress | None = None) -> RebuildResult:
     started = time.perf_counter()
-    async with await connect(url) as conn, await connect(url) as reader:
+    # the writing connection waits, between two statements, for a batch's reading and
+    # folding: a millisecond an event on top of the usual bound, as the live projector's
+    bound = IDLE_IN_TRANSACTION_S + batch_size * FOLD_ALLOWANCE_S_PER_EVENT
+    async with await connect(url, idle_in_transaction_s=bound) as conn, \
+            await connect(url) as reader:
         head = await head_position(conn)
         async with conn.transaction():
             await lock_checkpoint(conn)
@@ -159,7 +164,10 @@ async def rebuild(url: str, *, batch_size: int = 5000, buffer_rows: int = BUFFER
 
 async def verify(url: str, *, batch_size: int = 5000, buffer_rows: int = BUFFER_ROWS,
                  progress: Progress | None = None) -> VerifyResult:
-    async with await connect(url) as conn, await connect(url) as reader:
+    # verify appends nothing and holds no lock anyone waits for: its transaction (a
+    # snapshot and temporary tables) may sit between statements as long as comparing takes
+    async with await connect(url, idle_in_transaction_s=0) as conn, \
+            await connect(url) as reader:
         await conn.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
         async with conn.transaction():
             live_checkpoint = await checkpoint(conn)
