@@ -261,7 +261,11 @@ def fold_payment(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrep
     }
     new, found = _fold_money(row, event, kind="collection",
                              rank=_rank(PAYMENT_RANK_BY_OUTCOME, event), descriptive=descriptive)
-    if facts.get("outcome") == "refunded" and not invoice:
+    # a refund webhook the invoice fold cannot key (no block, or one without its number);
+    # not a recovered refund: its missing_webhook says so already, and the late webhook,
+    # which may well carry the block, would leave this finding open for nothing
+    if (facts.get("outcome") == "refunded" and event.event_type != RECOVERED_EVENT
+            and not invoice.get("invoice_no")):
         new["evidence"] = {**new["evidence"], BLOCKLESS_REFUND: True}
     unlinked = _refund_unlinked(new)
     if unlinked is not None and (row is None or _refund_unlinked(row) is None):
@@ -269,7 +273,7 @@ def fold_payment(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrep
     return new, found
 
 
-# where ``evidence`` notes that a refund (webhook or recovered) said nothing of an invoice
+# where ``evidence`` notes that a refund webhook said nothing of an invoice
 BLOCKLESS_REFUND = "blockless_refund"
 
 

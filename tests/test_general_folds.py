@@ -469,11 +469,16 @@ def test_a_refund_without_a_block_of_a_payment_against_an_invoice_is_flagged_onc
                timestamp="20261122081000")
     assert fold_all("payments", _in_order(plain, dataclasses.replace(
         refund, facts={**refund.facts, "reference": "PAY-2"})))[1] == []
+    numberless = ev("payment.refunded", 91010, reference="PAY-1", amount=900,
+                    status="REVERSED", timestamp="20261122100000",
+                    invoice={"amountPaid": 0, "amountDue": 900})  # no invoiceNo: unkeyable
+    assert [d.kind for d in fold_all("payments", _in_order(part, numberless))[1]] == [
+        "refunded_invoice_payment"]
+    # a recovered refund has its missing_webhook; its late webhook may carry the block
     recovered_refund = recovered("collection", "PAY-1", "payment.refunded", 91010, 900,
                                  "REVERSED")
-    for order in permutations([part, recovered_refund]):
-        assert [d.kind for d in fold_all("payments", _in_order(*order))[1]] == [
-            "refunded_invoice_payment"]
+    for order in permutations([part, recovered_refund, with_block]):
+        assert fold_all("payments", _in_order(*order))[1] == []
 
 
 def test_a_refunded_part_payment_takes_its_money_off_the_invoice() -> None:
