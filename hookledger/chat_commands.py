@@ -102,9 +102,9 @@ def _report(rotated: Rotated, settings: Settings) -> None:
     if not rotated.changed:  # store-secret of the secret already current
         click.echo(f"{rotated.phone_number_id}: secret {rotated.label} already is the "
                    f"current one; nothing changed")
-        return
-    click.echo(f"rotated {rotated.phone_number_id}: new secret {rotated.label} stored; the "
-               f"previous one still verifies for {settings.rotation_grace_s} s")
+    else:
+        click.echo(f"rotated {rotated.phone_number_id}: new secret {rotated.label} stored; "
+                   f"the previous one still verifies for {settings.rotation_grace_s} s")
     if not rotated.recorded:
         click.echo("hookledger: warning: the secret is stored, but the chat.secret.rotated "
                    "ledger event could not be written", err=True)

@@ -268,7 +268,9 @@ def read_general(body: dict[str, Any], zone: ZoneInfo) -> GeneralDelivery:
         "amount": _money(amount),
         "type": _described(body, "type", unread),
         "merchant_account_id": _described(body, "merchantAccountId", unread),
-        "status": _described(body, "status", unread),
+        # on an invoice event the status word can cancel the invoice: decided on, strict
+        "status": (_text(body, "status") if subject == "invoice"
+                   else _described(body, "status", unread)),
         "code": code,
         "code_known": known is not None,
         "outcome": outcome(event, code),

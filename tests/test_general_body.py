@@ -182,6 +182,17 @@ def test_a_field_that_only_describes_never_costs_the_delivery(
     assert read.dedupe_key == dedupe_key(payload)
 
 
+def test_an_invoice_events_status_word_decides_cancellation_so_stays_strict() -> None:
+    """Left out when unreadable, an invoice.updated's status saying CANCELLED would be lost
+    silently; kept as malformed it is reported for a person to check."""
+    invoice = {"invoiceNo": "INV-1", "total": 900, "amountPaid": 0, "amountDue": 900}
+    payload = body(event="invoice.updated", code=93001, service="Invoicing", invoice=invoice,
+                   status=["CANCELLED"])
+    with pytest.raises(BodyError):
+        read_general(payload, EAT)
+    assert read_general_or_malformed(payload, EAT).event_type == MALFORMED_EVENT_TYPE
+
+
 def test_an_event_whose_every_field_is_readable_names_no_unread_field() -> None:
     assert "unread_fields" not in read_general(body(), EAT).facts
 
