@@ -712,6 +712,14 @@ def test_an_event_whose_row_its_table_cannot_hold_is_left_out_and_the_projector_
     assert snapshot(db_url) == before
 
 
+async def folded(url: str, reference: str) -> bool:
+    """Whether the payments view has a row for ``reference`` yet."""
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        cur = await conn.execute("SELECT 1 FROM hookledger.payments WHERE reference = %s",
+                                 (reference,))
+        return await cur.fetchone() is not None
+
+
 def test_a_leader_cut_off_while_its_session_lingers_is_replaced_within_seconds(
         db_url: str) -> None:
     """A network blip: the leader's connection goes, but the server keeps its session (and
@@ -720,12 +728,6 @@ def test_a_leader_cut_off_while_its_session_lingers_is_replaced_within_seconds(
     relay = SocketRelay(db_url)
     cut_off = LiveProjector(relay.url, poll_s=0.2, standby_retry_s=0.2)
     standby = LiveProjector(db_url, poll_s=0.2, standby_retry_s=0.2)
-
-    async def folded(reference: str) -> bool:
-        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
-            cur = await conn.execute("SELECT 1 FROM hookledger.payments WHERE reference = %s",
-                                     (reference,))
-            return await cur.fetchone() is not None
 
     async def run() -> float | None:
         tasks = [asyncio.create_task(cut_off.run())]
@@ -742,7 +744,7 @@ def test_a_leader_cut_off_while_its_session_lingers_is_replaced_within_seconds(
                                                 reference="AFTER-BLIP", amount=100)])
             cut_at = time.monotonic()
             while time.monotonic() - cut_at < 30:
-                if await folded("AFTER-BLIP"):
+                if await folded(db_url, "AFTER-BLIP"):
                     return time.monotonic() - cut_at
                 await asyncio.sleep(0.2)
             return None
@@ -790,12 +792,6 @@ def test_a_leader_cut_off_in_the_middle_of_a_batch_is_replaced_within_seconds(
     cut_off = ProjectorThread(LiveProjector(relay.url, poll_s=0.2, standby_retry_s=0.2))
     standby = LiveProjector(db_url, poll_s=0.2, standby_retry_s=0.2)
 
-    async def folded(reference: str) -> bool:
-        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
-            cur = await conn.execute("SELECT 1 FROM hookledger.payments WHERE reference = %s",
-                                     (reference,))
-            return await cur.fetchone() is not None
-
     async def run() -> float | None:
         deadline = time.monotonic() + 10
         while not cut_off.projector.is_leader:
@@ -811,7 +807,7 @@ def test_a_leader_cut_off_in_the_middle_of_a_batch_is_replaced_within_seconds(
             release.set()
             cut_at = time.monotonic()
             while time.monotonic() - cut_at < 30:
-                if await folded("IN-THE-BATCH"):
+                if await folded(db_url, "IN-THE-BATCH"):
                     return time.monotonic() - cut_at
                 await asyncio.sleep(0.2)
             return None
