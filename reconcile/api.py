@@ -5,10 +5,14 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 from decimal import Decimal
+from typing import cast
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from ingest.body import read_limited
+from ingest.errors import BodyIncomplete, BodyTooLarge, BodyTooSlow
+from ingest.incoming import DeliveryRequest
 from reconcile.expectations import (
     ExpectationConflict,
     ExpectationInvalid,
@@ -25,9 +29,19 @@ def _error(status: int, error: str, detail: str) -> JSONResponse:
 
 
 async def post_expectation(request: Request) -> Response:
-    raw = await request.body()
-    if len(raw) > MAX_BODY:
+    # read as webhook bodies are: never more than the limit (a declared length over it is
+    # refused unread), a body trickled for ever ends, and a caller gone mid-body is an
+    # answer nobody reads, not an unhandled ClientDisconnect (500, a traceback in the log)
+    try:
+        # Starlette's Request has what it reads (headers.get, receive); its Headers
+        # type differs from the protocol's only in get()'s overloads
+        raw = await read_limited(cast(DeliveryRequest, request), MAX_BODY)
+    except BodyTooLarge:
         return _error(413, "too_large", f"the body is over {MAX_BODY} bytes")
+    except BodyTooSlow as exc:
+        return _error(408, "body_timeout", exc.detail or "")
+    except BodyIncomplete as exc:
+        return _error(400, "client_disconnected", exc.detail or "")
     try:
         data = json.loads(raw, parse_float=Decimal)
         expectation = parse_expectation(data, now=datetime.now(UTC))

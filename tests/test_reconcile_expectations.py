@@ -3,6 +3,8 @@ function and the view."""
 
 from __future__ import annotations
 
+import logging
+
 import httpx
 import psycopg
 import pytest
@@ -137,3 +139,30 @@ def test_a_repeat_registration_is_answered_with_what_was_kept(db_url: str) -> No
         assert conn.execute("SELECT initiated_at = '2026-11-22T05:00:00Z' FROM "
                             "hookledger.expectations WHERE reference = 'E-9'").fetchone() == (
             True,)
+
+
+def test_a_client_gone_mid_body_or_a_body_too_large_is_answered_never_an_error(
+        db_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The admin API read its body whole through Starlette: a caller hanging up mid-body
+    was an unhandled ClientDisconnect (500, a traceback in the log), and a body of any
+    size was read into memory before the 16 KiB check."""
+    import socket
+    import time
+
+    with running_service(db_url, admin_token=TOKEN) as base:
+        host, port = base.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall(b"POST /api/expectations HTTP/1.1\r\nHost: x\r\n"
+                         + f"Authorization: Bearer {TOKEN}\r\n".encode()
+                         + b"Content-Length: 500\r\n\r\n" + b'{"reference": "CUT')
+            time.sleep(0.3)  # the body has started arriving when the caller goes
+        time.sleep(0.5)
+        huge = httpx.post(f"{base}/api/expectations", content=b"x" * (64 * 1024),
+                          headers={"authorization": f"Bearer {TOKEN}"})
+        assert huge.status_code == 413, huge.text
+        fine = httpx.post(f"{base}/api/expectations", json={
+            "reference": "AFTER-CUT", "kind": "collection", "amount": "10"},
+            headers={"authorization": f"Bearer {TOKEN}"})
+        assert fine.status_code == 201, fine.text
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [
+        r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
