@@ -25,6 +25,7 @@ from urllib.parse import quote
 import httpx
 
 from ingest.errors import IngestError
+from ledger.jsonenc import jsonb_safe
 
 API_TOKEN_HEADER = "apiToken"
 DEFAULT_TIMEOUT_S = 10.0
@@ -94,11 +95,13 @@ class Media:
 
 
 def _clean(text: str, api_key: str | None) -> str:
-    """Provider text, shortened and with the key masked (an echo must not leak it)."""
-    text = text[:MAX_MESSAGE]
+    """Provider text with the key masked (an echo must not leak it), shortened, and with
+    what ``jsonb`` refuses escaped. Masked before it is cut: cut first, a key across the
+    cut kept its first characters in clear. Escaped: a NUL or half an emoji in it made the
+    ``chat.media.failed`` event that carries it unwritable, and every later fetch waited."""
     if api_key and len(api_key) >= 4:
         text = text.replace(api_key, MASK)
-    return text
+    return jsonb_safe(text[:MAX_MESSAGE])
 
 
 def parse_envelope(status: int, body: bytes, *, api_key: str | None = None) -> Envelope:

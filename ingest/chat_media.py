@@ -260,6 +260,15 @@ class MediaFetcher:
             log.warning("chat_media.failed", reason=reason, detail=detail, final=final,
                         **bound)
             return
+        except Exception as exc:  # noqa: BLE001 - one media's surprise must not stop the rest
+            # escaped, it failed the poll with no outcome recorded: the same media was tried
+            # again every poll and every later one waited for good. Counted toward giving up
+            final = given_up(row.failures + 1, row.refusals + 1, self._max_attempts)
+            await self._ledger.append([failed_event(row, "internal", type(exc).__name__,
+                                                    self._clock(), final=final)])
+            log.error("chat_media.failed", reason="internal", error=type(exc).__name__,
+                      final=final, **bound)
+            return
         await self._ledger.append([fetched_event(row, stored, media.content_type,
                                                  self._clock())])
         log.info("chat_media.fetched", sha256=stored.sha256, size=stored.size, **bound)

@@ -124,6 +124,36 @@ def test_a_home_that_cannot_take_the_media_for_a_while_never_gives_it_up(
     assert (tmp_path / stored["path"]).read_bytes() == media_bytes("media-img-7")
 
 
+def test_a_failure_no_rule_foresaw_is_recorded_and_the_other_media_fetched(
+        service: str, sandbox: Sandbox, db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the API's and the disk's errors were caught: anything else escaped the poll, no
+    outcome was recorded, and the same media was tried again every poll while every later
+    media waited for good. Now it is a failure like any other, counted toward giving up."""
+    from ingest.chat_media import MediaStore
+
+    real_put = MediaStore.put
+    poison = media_bytes("media-odd-1")
+
+    def put(self: MediaStore, content: bytes) -> Any:
+        if content == poison:
+            raise RuntimeError("a failure no rule foresaw")
+        return real_put(self, content)
+
+    monkeypatch.setattr(MediaStore, "put", put)
+    sandbox.state.issue_media("media-odd-1", "image")
+    sandbox.state.issue_media("media-ok-2", "image")
+    deliver_image(sandbox, "media-odd-1", "wamid.ODD", "d-odd")
+    deliver_image(sandbox, "media-ok-2", "wamid.OK2", "d-ok2")
+    [stored] = wait_for(lambda: fetched(db_url))
+    assert stored["media_id"] == "media-ok-2"
+    wait_for(lambda: len([p for t, _, p in media_events(db_url)
+                          if t == "chat.media.failed"]) >= MAX_ATTEMPTS)
+    failed = [p for t, _, p in media_events(db_url) if t == "chat.media.failed"]
+    assert {(p["media_id"], p["reason"], p["detail"]) for p in failed} == {
+        ("media-odd-1", "internal", "RuntimeError")}
+    assert [p["final"] for p in failed] == [False] * (MAX_ATTEMPTS - 1) + [True]
+
+
 def test_permanent_failures_stop_after_the_bound(
         service: str, sandbox: Sandbox, db_url: str) -> None:
     deliver_image(sandbox, "media-never-issued", "wamid.M3", "d-3")  # the API answers 404
@@ -198,6 +228,20 @@ def test_plan_never_gives_up_media_for_failures_that_said_nothing_about_it() -> 
 def test_the_backoff_stays_at_its_cap_however_many_failures() -> None:
     assert backoff(5000, 2.0, 300.0) == 300.0
     assert (backoff(1, 2.0, 300.0), backoff(3, 2.0, 300.0)) == (2.0, 8.0)
+
+
+def test_a_providers_message_is_masked_whole_and_storable() -> None:
+    """Cut to its length before the key was masked, a message with the key across the cut
+    kept the key's first characters in clear; and a NUL or half an emoji in it made the
+    chat.media.failed event unwritable, which stopped every media fetch for good."""
+    key = "APIKEY-0123456789"
+    message = r"\u0000 and \ud83d, " + "x" * 270 + " key " + key  # the key across the cut
+    body = ('{"success":false,"code":40401,"message":"' + message + '","data":null}').encode()
+    with pytest.raises(ChatApiRefused) as refused:
+        parse_envelope(404, body, api_key=key)
+    detail = str(refused.value)
+    assert "API" not in detail and "\x00" not in detail
+    detail.encode("utf-8")  # no lone surrogate either: jsonb takes it
 
 
 def test_envelopes_are_read_strictly() -> None:
