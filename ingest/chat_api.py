@@ -17,6 +17,7 @@ from the request (headers) or from a transport exception's text.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -200,6 +201,10 @@ class ChatApi:
 
     async def fetch_media(self, media_id: str) -> Media:
         """The bytes of an inbound message's media and their content type."""
+        if media_id.strip() in ("", ".", ".."):
+            # a path segment the URL would resolve away: '..' asked GET /api/v1/waba/media
+            # with the API key, '.' /api/v1/waba/messages/media. Never a media's id
+            raise ChatApiRefused("invalid_media_id", f"media id {media_id!r} names no media")
         path = f"/api/v1/waba/messages/{quote(media_id, safe='')}/media"
         response = await self._send("GET", path)
         status = response.status_code
@@ -226,6 +231,15 @@ class ChatApi:
 _LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 
 
+def _is_loopback_address(host: str) -> bool:
+    """An IP address on the loopback network: ``127.0.0.2`` is, a name that merely starts
+    with ``127.`` (``127.example.com``, ``127.0.0.1.nip.io``) is not."""
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 def webhook_url_problem(url: str) -> str | None:
     """Why ``url`` cannot be a chat webhook URL, or None. Pure.
 
@@ -240,7 +254,7 @@ def webhook_url_problem(url: str) -> str | None:
     if not parsed.host:
         return "not an absolute URL"
     host = parsed.host.lower()
-    loopback = host in _LOOPBACK_NAMES or host.startswith("127.")
+    loopback = host in _LOOPBACK_NAMES or _is_loopback_address(host)
     if parsed.scheme == "https":
         return None
     if parsed.scheme == "http" and loopback:

@@ -154,6 +154,26 @@ def test_a_failure_no_rule_foresaw_is_recorded_and_the_other_media_fetched(
     assert [p["final"] for p in failed] == [False] * (MAX_ATTEMPTS - 1) + [True]
 
 
+@pytest.mark.parametrize("media_id", ["..", ".", " "])
+def test_a_media_id_the_url_would_resolve_away_is_never_asked_for(
+        sandbox: Sandbox, media_id: str) -> None:
+    """'..' asked GET /api/v1/waba/media with the API key; '.' another path again."""
+    import asyncio
+
+    from ingest.chat_api import ChatApi
+
+    async def ask() -> None:
+        api = ChatApi(sandbox.url, API_KEY, timeout_s=2)
+        try:
+            await api.fetch_media(media_id)
+        finally:
+            await api.aclose()
+
+    with pytest.raises(ChatApiRefused) as refused:
+        asyncio.run(ask())
+    assert refused.value.reason == "invalid_media_id"  # refused before any request
+
+
 def test_permanent_failures_stop_after_the_bound(
         service: str, sandbox: Sandbox, db_url: str) -> None:
     deliver_image(sandbox, "media-never-issued", "wamid.M3", "d-3")  # the API answers 404

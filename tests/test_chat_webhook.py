@@ -450,3 +450,18 @@ def test_a_webhook_url_whose_path_names_another_number_is_warned_of(url: str,
     assert (warning is not None) is warned
     if warning:
         assert "/webhooks/chat/1098765432" in warning
+
+
+@pytest.mark.parametrize(("url", "allowed"), [
+    ("http://127.0.0.1:8080/webhooks/chat/1", True),
+    ("http://127.0.0.2/webhooks/chat/1", True),
+    ("http://[::1]:8080/webhooks/chat/1", True),
+    ("http://localhost/webhooks/chat/1", True),
+    ("http://127.example.com/webhooks/chat/1", False),
+    ("http://127.0.0.1.nip.io/webhooks/chat/1", False),
+    ("https://127.example.com/webhooks/chat/1", True),
+])
+def test_only_a_loopback_host_may_take_plain_http(url: str, allowed: bool) -> None:
+    """A name that merely starts with ``127.`` resolves anywhere: it was let through as
+    loopback, so deliveries signed with the number's secret could go out in clear."""
+    assert (webhook_url_problem(url) is None) == allowed
