@@ -88,8 +88,14 @@ def window_start(event: StoredEvent) -> datetime:
     The spec makes every inbound message open or extend the window; one that came without
     ``message.timestamp`` left its thread closed (and an open one unextended) although the
     customer had just written. The time it was received is the only evidence left, and the
-    ledger keeps it, so a rebuild counts from the same instant as the live projector did."""
-    return event.occurred_at or event.received_at
+    ledger keeps it, so a rebuild counts from the same instant as the live projector did.
+
+    Never later than that arrival: a message stamped in the future (a sender's clock days
+    ahead, a timestamp of year 5138) held the window open that much longer, and replies
+    went out as if the customer had just written."""
+    if event.occurred_at is None:
+        return event.received_at
+    return min(event.occurred_at, event.received_at)
 
 
 def fold_thread(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrepancy]]:

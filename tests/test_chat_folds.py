@@ -150,3 +150,20 @@ def test_an_inbound_message_without_its_own_time_still_opens_and_extends_the_win
         [row] = fold(order, thread_keys, fold_thread).values()
         assert (row["last_inbound_at"], row["window_expires_at"], row["last_message_id"]) == (
             received, received + timedelta(hours=24), "wamid.NOTS")
+
+
+def test_a_message_timestamped_in_the_future_opens_the_window_when_it_arrived() -> None:
+    """A sender's clock days ahead (or a timestamp of year 5138) kept the 24-hour window
+    open that much longer: replies would be sent as if the customer had just written. The
+    window counts from the earlier of the message's time and its arrival."""
+    received = datetime.fromtimestamp(T0, UTC)
+    for ahead in (3 * 86400, 99_999_999_999 - T0):
+        future = dataclasses.replace(chat_event(inbound("wamid.FUTURE", T0 + ahead)),
+                                     received_at=received)
+        [row] = fold([future], thread_keys, fold_thread).values()
+        assert (row["last_inbound_at"], row["window_expires_at"]) == (
+            received, received + timedelta(hours=24))
+    retried = dataclasses.replace(chat_event(inbound("wamid.LATE", T0 - 3600)),
+                                  received_at=received)  # delivered on a retry an hour on
+    [row] = fold([retried], thread_keys, fold_thread).values()
+    assert row["last_inbound_at"] == received - timedelta(hours=1)
