@@ -168,10 +168,6 @@ def test_an_unrecognised_status_is_filed_under_its_message() -> None:
     (inbound(timestamp=1700000000), "invalid_field"),
     (inbound(timestamp="17e8"), "invalid_field"),
     (inbound(timestamp="-1"), "invalid_field"),
-    (inbound(text={"body": 5}), "invalid_field"),
-    (inbound(text="hello"), "invalid_field"),
-    (inbound("image", image={"id": 5}), "invalid_field"),
-    (inbound("image", image="media-1"), "invalid_field"),
     ({**inbound(), "contactWaId": 255712345678}, "invalid_field"),
     ({**inbound(), "wabaId": 1}, "invalid_field"),
     ({**status(), "status": "delivered"}, "invalid_field"),
@@ -191,6 +187,24 @@ def test_a_known_type_with_wrong_field_types_is_kept_as_malformed(
     message_id = kept.facts["message_id"]
     assert kept.stream == (f"chat-message:{message_id}" if message_id
                            else f"chat-malformed:{PHONE}")
+
+
+@pytest.mark.parametrize(("body", "unread", "text", "media_id"), [
+    (inbound(text={"body": 5}), ["message.text.body"], None, None),
+    (inbound(text="hello"), ["message.text"], None, None),
+    (inbound("image", image={"id": 5}), ["message.image.id"], None, None),
+    (inbound("image", image="media-1"), ["message.image"], None, None),
+    (inbound(text={"body": "habari"}), [], "habari", None),
+])
+def test_what_an_inbound_message_says_never_costs_the_message(
+        body: dict[str, Any], unread: list[str], text: str | None, media_id: str | None
+        ) -> None:
+    """Its text or media id in a shape not expected made the message malformed: no thread,
+    no 24-hour window, although the customer had written. Left out and named instead."""
+    read_message = read_chat(body, META)
+    assert read_message.event_type == "chat.message.received"
+    assert read_message.facts.get("unread_fields", []) == unread
+    assert (read_message.facts["body"], read_message.facts["media_id"]) == (text, media_id)
 
 
 @pytest.mark.parametrize(("errors", "code", "error_code", "title"), [
