@@ -128,13 +128,17 @@ def create_app(settings: Settings, database_url: str, *,
             stack.push_async_callback(appender.close)
             holder["runtime"] = Runtime(pool, store, appender, metrics, spool)
             app.state.runtime = holder["runtime"]
+            known_secrets = [v.get_secret_value().encode() for v in (
+                *settings.general_secrets.values(), *settings.chat_secrets.values(),
+                *(x for x in (settings.api_key, settings.admin_token) if x is not None))]
             app.state.general = GeneralEndpoint(
                 secrets={k: v.get_secret_value().encode() for k, v in
                          settings.general_secrets.items()},
                 zone=settings.zone, max_body_bytes=settings.max_body_bytes,
                 body_timeout_s=settings.body_timeout_s,
                 appender=appender, pool=pool, metrics=metrics,
-                rejected_keep=settings.rejected_keep, answer_within_s=settings.append_stall_s)
+                rejected_keep=settings.rejected_keep, answer_within_s=settings.append_stall_s,
+                known_secrets=known_secrets)
             chat_secrets = ChatSecretStore(pool, grace_s=settings.rotation_grace_s,
                                            answer_within_s=settings.append_stall_s)
             await chat_secrets.bootstrap(
@@ -146,7 +150,7 @@ def create_app(settings: Settings, database_url: str, *,
                 body_timeout_s=settings.body_timeout_s,
                 metrics=metrics, rejected_keep=settings.rejected_keep,
                 error_causes={**PLATFORM_ERROR_CAUSES, **settings.chat_error_causes},
-                answer_within_s=settings.append_stall_s)
+                answer_within_s=settings.append_stall_s, known_secrets=known_secrets)
             chat_api = chat_api_factory(settings)
             app.state.chat_ops = ChatOps(chat_secrets, store, settings.home, chat_api)
             if projector_name is None and settings.projector:

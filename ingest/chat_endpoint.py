@@ -9,7 +9,7 @@ already kept is answered 200 with ``"duplicate": true`` so the provider stops re
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
 import structlog
@@ -34,7 +34,7 @@ from ingest.chat_body import (
 )
 from ingest.chat_secrets import MAX_PHONE_NUMBER_ID, ChatSecretStore
 from ingest.errors import BodyError, BodyIncomplete, BodyTooLarge, BodyTooSlow
-from ingest.headers import masked, safe_headers
+from ingest.headers import mask_text, masked, safe_headers
 from ingest.incoming import DeliveryRequest, path_label
 from ingest.json_body import parse_object
 from ingest.metrics import IngestMetrics
@@ -58,7 +58,11 @@ class ChatEndpoint:
                  metrics: IngestMetrics, rejected_keep: int = 100_000,
                  body_timeout_s: float = BODY_TIMEOUT_S,
                  error_causes: Mapping[str, int] = PLATFORM_ERROR_CAUSES,
-                 answer_within_s: float | None = None) -> None:
+                 answer_within_s: float | None = None,
+                 known_secrets: Sequence[bytes] = ()) -> None:
+        # every secret this process was given (the other endpoint's, the API key,
+        # the admin token): masked in any refusal here, wherever a sender put it
+        self._known_secrets = list(known_secrets)
         self._secrets = secrets
         self._tolerance_s = tolerance_s
         self._max_body = max_body_bytes
@@ -74,7 +78,8 @@ class ChatEndpoint:
     async def __call__(self, request: DeliveryRequest) -> Response | responses.Accepted:
         received_at = datetime.now(UTC)
         phone_number_id = request.path_params["phone_number_id"]
-        endpoint = f"chat/{path_label(phone_number_id, MAX_PHONE_NUMBER_ID * 2)}"
+        endpoint = mask_text(f"chat/{path_label(phone_number_id, MAX_PHONE_NUMBER_ID * 2)}",
+                             self._known_secrets)
         structlog.contextvars.clear_contextvars()
         structlog.contextvars.bind_contextvars(endpoint=endpoint)
         headers = safe_headers(request.headers.items())
@@ -86,7 +91,8 @@ class ChatEndpoint:
                     verified: bool) -> Refusal:
             client = request.client.host if request.client else None
             return Refusal(received_at, endpoint, reason, detail, verified, status, body, size,
-                           masked(headers, [secret for _, secret in secrets]), client)
+                           masked(headers, [*self._known_secrets,
+                                            *(secret for _, secret in secrets)]), client)
 
         try:
             body = await read_limited(request, self._max_body, self._body_timeout_s)

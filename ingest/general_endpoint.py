@@ -7,7 +7,7 @@ retries, so a 200 for something not durable would lose it for good).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
@@ -25,7 +25,7 @@ from ingest.general_body import (
     read_general_or_malformed,
     unstorable_general,
 )
-from ingest.headers import masked, safe_headers
+from ingest.headers import mask_text, masked, safe_headers
 from ingest.incoming import DeliveryRequest, path_label
 from ingest.json_body import parse_object
 from ingest.metrics import IngestMetrics
@@ -45,7 +45,11 @@ class GeneralEndpoint:
                  appender: BatchingAppender, pool: AsyncConnectionPool,
                  metrics: IngestMetrics, rejected_keep: int = 100_000,
                  body_timeout_s: float = BODY_TIMEOUT_S,
-                 answer_within_s: float | None = None) -> None:
+                 answer_within_s: float | None = None,
+                 known_secrets: Sequence[bytes] = ()) -> None:
+        # every secret this process was given (the other endpoint's, the API key,
+        # the admin token): masked in any refusal here, wherever a sender put it
+        self._known_secrets = list(known_secrets)
         self._secrets = dict(secrets)
         self._zone = zone
         self._max_body = max_body_bytes
@@ -60,7 +64,7 @@ class GeneralEndpoint:
     async def __call__(self, request: DeliveryRequest) -> Response | responses.Accepted:
         received_at = datetime.now(UTC)
         name = request.path_params["name"]
-        endpoint = f"general/{path_label(name, 1024)}"
+        endpoint = mask_text(f"general/{path_label(name, 1024)}", self._known_secrets)
         structlog.contextvars.clear_contextvars()
         structlog.contextvars.bind_contextvars(endpoint=endpoint)
         headers = safe_headers(request.headers.items())
@@ -70,7 +74,8 @@ class GeneralEndpoint:
                     verified: bool) -> Refusal:
             client = request.client.host if request.client else None
             return Refusal(received_at, endpoint, reason, detail, verified, status, body, size,
-                           masked(headers, list(self._secrets.values())), client)
+                           masked(headers, [*self._known_secrets, *self._secrets.values()]),
+                           client)
 
         try:
             body = await read_limited(request, self._max_body, self._body_timeout_s)

@@ -79,3 +79,34 @@ def test_every_refusal_path_keeps_the_secrets_out(
     for value in (GENERAL_SECRET, ADMIN_TOKEN, API_KEY):
         for text in texts:
             assert value not in text, text[max(0, text.find(value) - 200):][:400]
+
+
+CHAT_SECRET = "chat-secret-that-must-stay-hidden"
+
+
+def test_a_secret_sent_where_it_does_not_belong_is_masked_in_every_refusal(
+        db_url: str, json_logs: None, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each endpoint masked only its own secrets, and only once it had loaded them: the
+    API key or admin token in any header, the chat secret sent to the general endpoint or
+    to a number not its own, a secret in the URL's path, or any secret in a body too large
+    to read, reached rejected_deliveries (and the path the log) in clear."""
+    with running_service(db_url, general_secrets=f"main={GENERAL_SECRET}",
+                         chat_secrets={"1098765432": CHAT_SECRET},
+                         admin_token=ADMIN_TOKEN, api_key=API_KEY,
+                         max_body_bytes=4096) as base, httpx.Client() as client:
+        sent = 0
+        for value in (GENERAL_SECRET, CHAT_SECRET, ADMIN_TOKEN, API_KEY):
+            for path in ("general/main", "general/other", "chat/1098765432", "chat/555"):
+                for body in (b"{}", b"x" * 10_000):
+                    client.post(f"{base}/webhooks/{path}", content=body,
+                                headers={"x-service-signature": value, "x-extra": value})
+                    sent += 1
+            for path in (f"general/{value}", f"chat/{value}"):
+                client.post(f"{base}/webhooks/{path}", content=b"{}")
+                sent += 1
+    stored = rows(db_url, "SELECT endpoint, headers::text FROM hookledger.rejected_deliveries")
+    assert len(stored) == sent
+    err = capsys.readouterr().err
+    for value in (GENERAL_SECRET, CHAT_SECRET, ADMIN_TOKEN, API_KEY):
+        for text in (repr(stored), err):
+            assert value not in text, text[max(0, text.find(value) - 200):][:400]
