@@ -17,6 +17,7 @@ from the request (headers) or from a transport exception's text.
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import json
 from dataclasses import dataclass
@@ -30,6 +31,9 @@ from ledger.jsonenc import jsonb_safe
 
 API_TOKEN_HEADER = "apiToken"
 DEFAULT_TIMEOUT_S = 10.0
+# the chat platform's largest media (a document) is 100 MB; past that it is no media of its
+MAX_MEDIA_BYTES = 100 * 1024 * 1024
+MEDIA_DEADLINE_FACTOR = 6  # a media fetch's whole answer: this many timeouts at most
 MAX_MESSAGE = 300
 MASK = "[redacted]"
 
@@ -139,8 +143,8 @@ def parse_envelope(status: int, body: bytes, *, api_key: str | None = None) -> E
     return Envelope(code, _clean(message, api_key), parsed["data"])
 
 
-def _is_json(response: httpx.Response) -> bool:
-    kind = response.headers.get("content-type", "").split(";")[0].strip().lower()
+def _is_json_type(content_type: str) -> bool:
+    kind = content_type.split(";")[0].strip().lower()
     return kind == "application/json" or kind.endswith("+json")
 
 
@@ -156,6 +160,7 @@ class ChatApi:
         self._secret_field = rotate_secret_field
         self._webhook_field = webhook_field
         headers = {API_TOKEN_HEADER: api_key} if api_key else {}
+        self._timeout_s = timeout_s
         self._client = httpx.AsyncClient(
             headers=headers, transport=transport, follow_redirects=False,
             timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 5.0)))
@@ -200,23 +205,43 @@ class ChatApi:
         return await self._call("PATCH", path, json={self._webhook_field: url})
 
     async def fetch_media(self, media_id: str) -> Media:
-        """The bytes of an inbound message's media and their content type."""
+        """The bytes of an inbound message's media and their content type.
+
+        Read as it streams in, never past :data:`MAX_MEDIA_BYTES` (decoded: a small gzip
+        body once grew to gigabytes in memory, in the process that answers webhooks), and
+        within :data:`MEDIA_DEADLINE_FACTOR` timeouts in all (the timeout bounds each wait
+        for a byte only: an answer trickled a byte at a time held the worker, and every
+        media behind it, for as long as the provider liked)."""
         if media_id.strip() in ("", ".", ".."):
             # a path segment the URL would resolve away: '..' asked GET /api/v1/waba/media
             # with the API key, '.' /api/v1/waba/messages/media. Never a media's id
             raise ChatApiRefused("invalid_media_id", f"media id {media_id!r} names no media")
         path = f"/api/v1/waba/messages/{quote(media_id, safe='')}/media"
-        response = await self._send("GET", path)
-        status = response.status_code
-        if _is_json(response):
+        try:
+            async with asyncio.timeout(self._timeout_s * MEDIA_DEADLINE_FACTOR):
+                async with self._client.stream("GET", self._base + path) as response:
+                    status, headers = response.status_code, response.headers
+                    content = await _read_at_most(response, MAX_MEDIA_BYTES)
+        except TimeoutError:
+            raise ChatApiUnavailable("timeout", f"GET {path}: not all sent within "
+                                     f"{self._timeout_s * MEDIA_DEADLINE_FACTOR:g} s") from None
+        except httpx.TimeoutException as exc:
+            raise ChatApiUnavailable("timeout", f"GET {path}: {type(exc).__name__}") from None
+        except httpx.HTTPError as exc:  # the exception text may carry the request: not used
+            raise ChatApiUnavailable("transport", f"GET {path}: {type(exc).__name__}") \
+                from None
+        if content is None:
+            raise ChatApiRefused("media_too_large", f"HTTP {status}: more than "
+                                 f"{MAX_MEDIA_BYTES} bytes", status=status)
+        if _is_json_type(headers.get("content-type", "")):
             # errors come as an envelope; so would a JSON answer that is one (success or
             # not): media bytes were asked for, an envelope is never taken as them
             try:
-                parsed = json.loads(response.content)
+                parsed = json.loads(content)
             except (ValueError, UnicodeDecodeError):
                 parsed = None
             if parsed is None or (isinstance(parsed, dict) and "success" in parsed):
-                parse_envelope(status, response.content, api_key=self._key)
+                parse_envelope(status, content, api_key=self._key)
                 raise ChatApiMalformed("envelope_instead_of_media",
                                        f"HTTP {status}: an envelope, not media bytes",
                                        status=status)
@@ -224,8 +249,24 @@ class ChatApi:
             raise ChatApiUnavailable("http_error", f"HTTP {status}", status=status)
         if not 200 <= status < 300:
             raise ChatApiRefused("http_error", f"HTTP {status}", status=status)
-        content_type = response.headers.get("content-type", "application/octet-stream")
-        return Media(response.content, content_type.split(";")[0].strip()[:100])
+        content_type = headers.get("content-type", "application/octet-stream")
+        return Media(content, content_type.split(";")[0].strip()[:100])
+
+
+async def _read_at_most(response: httpx.Response, limit: int) -> bytes | None:
+    """The decoded body, or None as soon as it passes ``limit`` bytes (a declared length
+    over it is refused unread)."""
+    declared = response.headers.get("content-length", "")
+    if declared.isascii() and declared.isdigit() and int(declared) > limit:
+        return None
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 _LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})

@@ -174,6 +174,54 @@ def test_a_media_id_the_url_would_resolve_away_is_never_asked_for(
     assert refused.value.reason == "invalid_media_id"  # refused before any request
 
 
+def test_a_media_past_the_size_limit_is_refused_before_it_fills_the_memory(
+        sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole answer was read into memory, decoded: a gigabyte (or a small gzip body that
+    decodes to one) took the process that answers webhooks with it."""
+    import asyncio
+
+    from ingest import chat_api
+    from ingest.chat_api import ChatApi
+
+    sandbox.state.issue_media("media-big-1", "image")  # 256 bytes in the sandbox
+    monkeypatch.setattr(chat_api, "MAX_MEDIA_BYTES", 100)
+
+    async def ask() -> None:
+        async with ChatApi(sandbox.url, API_KEY, timeout_s=2) as api:
+            await api.fetch_media("media-big-1")
+
+    with pytest.raises(ChatApiRefused) as refused:
+        asyncio.run(ask())
+    assert refused.value.reason == "media_too_large"
+    monkeypatch.setattr(chat_api, "MAX_MEDIA_BYTES", 256)
+    asyncio.run(ask())  # at the limit itself: fetched
+
+
+def test_a_media_answer_trickled_past_its_deadline_is_given_up_for_now(
+        sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The timeout bounds each wait for a byte: an answer sent a byte at a time held the
+    worker, and every media behind it, for as long as the provider liked."""
+    import asyncio
+    import time as clock
+
+    from ingest import chat_api
+    from ingest.chat_api import ChatApi
+
+    sandbox.state.issue_media("media-slow-1", "image")
+    sandbox.faults.set(trickle_ms=50)  # 256 bytes: about 13 s in all, 50 ms a byte
+    monkeypatch.setattr(chat_api, "MEDIA_DEADLINE_FACTOR", 2)
+
+    async def ask() -> None:
+        async with ChatApi(sandbox.url, API_KEY, timeout_s=1) as api:
+            await api.fetch_media("media-slow-1")
+
+    started = clock.monotonic()
+    with pytest.raises(ChatApiUnavailable) as unavailable:
+        asyncio.run(ask())
+    assert unavailable.value.reason == "timeout"
+    assert clock.monotonic() - started < 5
+
+
 def test_permanent_failures_stop_after_the_bound(
         service: str, sandbox: Sandbox, db_url: str) -> None:
     deliver_image(sandbox, "media-never-issued", "wamid.M3", "d-3")  # the API answers 404
