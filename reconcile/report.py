@@ -32,6 +32,7 @@ once, at the largest amount among its open discrepancies (:func:`at_risk`).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import csv
 import html
@@ -441,20 +442,22 @@ STAMP_FORMAT = "%Y%m%dT%H%M%SZ"
 async def write_scheduled_report(url: str, directory: Path,
                                  windows: Windows | None = None, *,
                                  keep: timedelta | None = None) -> list[Path]:
-    """Every format, stamped, plus ``latest.*`` copies, under ``directory``; then the
-    stamped reports older than ``keep`` (None: all kept) are removed."""
+    """Every format, stamped, plus ``latest.*`` copies, under ``directory``, after the
+    stamped reports older than ``keep`` (None: all kept) are removed.
+
+    Pruned first: pruned after, a full disk failed the first write and kept every expired
+    report, so the disk the spool and the embedded database share stayed full. Rendered
+    and written in a thread: on the event loop of the worker answering webhooks, a report
+    of 100,000 open discrepancies held every delivery for seconds."""
     report = await report_for(url, windows=windows)
+    return await asyncio.to_thread(_write_report, report, directory, keep)
+
+
+def _write_report(report: Mapping[str, Any], directory: Path,
+                  keep: timedelta | None) -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
     _remove_abandoned(directory)
     now = datetime.now(UTC)
-    stamp = now.strftime(STAMP_FORMAT)
-    written = []
-    for fmt in FORMATS:
-        text = render(report, fmt)
-        for name in (f"discrepancies-{stamp}.{fmt}", f"latest.{fmt}"):
-            path = directory / name
-            replace_atomically(path, text.encode("utf-8"))
-            written.append(path)
     if keep is not None:
         for name in expired_reports([p.name for p in directory.iterdir()], now, keep):
             try:
@@ -464,6 +467,14 @@ async def write_scheduled_report(url: str, directory: Path,
             except OSError as exc:  # someone else's file, say: the rest are still pruned
                 log.warning("reconcile.report_not_pruned", file=name,
                             error=exc.strerror or type(exc).__name__)
+    stamp = now.strftime(STAMP_FORMAT)
+    written = []
+    for fmt in FORMATS:
+        text = render(report, fmt)
+        for name in (f"discrepancies-{stamp}.{fmt}", f"latest.{fmt}"):
+            path = directory / name
+            replace_atomically(path, text.encode("utf-8"))
+            written.append(path)
     return written
 
 

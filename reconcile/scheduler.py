@@ -83,5 +83,6 @@ class ReconcileScheduler:
             return await write_scheduled_report(self._url, self._reports_dir, self._windows,
                                                 keep=self._report_keep)
         except Exception as exc:  # noqa: BLE001
-            log.error("reconcile.report_failed", error=type(exc).__name__)
+            log.error("reconcile.report_failed", error=type(exc).__name__,
+                      cause=getattr(exc, "strerror", None))  # "No space left on device"
             return None

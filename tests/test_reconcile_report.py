@@ -302,3 +302,36 @@ def test_scheduled_reports_older_than_the_keep_time_are_removed(db_url: str,
     written = asyncio.run(write(timedelta(days=30)))
     assert not old.exists() and mine.exists()
     assert all(path.exists() for path in written) and len(written) == 8
+
+
+def test_a_disk_too_full_for_the_report_still_gets_the_expired_ones_removed(
+        db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pruned only after every format was written, a full disk failed the first write and
+    kept every expired report: the disk the spool and the embedded database share stayed
+    full. They go first now; and the report is rendered off the event loop."""
+    import errno
+    import threading
+
+    from reconcile import report as report_module
+    from reconcile.scheduler import ReconcileScheduler
+
+    old = tmp_path / "discrepancies-20200101T000000Z.json"
+    old.write_text("old")
+    rendered_on: list[str] = []
+    real_render = report_module.render
+
+    def render(report: object, fmt: str) -> str:
+        rendered_on.append(threading.current_thread().name)
+        return real_render(report, fmt)
+
+    def full_disk(path: Path, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(report_module, "render", render)
+    monkeypatch.setattr(report_module, "replace_atomically", full_disk)
+    reports = ReconcileScheduler(None, None, interval_s=60, database_url=db_url,
+                                 reports_dir=tmp_path, report_interval_s=3600,
+                                 report_keep=timedelta(days=30))
+    assert asyncio.run(reports.report_once()) is None  # failed, and said so
+    assert not old.exists()
+    assert rendered_on and threading.main_thread().name not in rendered_on
