@@ -20,6 +20,8 @@ class ReconcileMetrics:
     arrival_lag: Histogram
     oldest_unchecked: Gauge
     passes: Counter
+    lookup_errors: Counter
+    last_pass: Gauge
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> ReconcileMetrics:
@@ -40,6 +42,14 @@ class ReconcileMetrics:
                                    "resolved (0 when none)", registry=registry),
             passes=Counter("hookledger_reconcile_passes", "Reconciliation passes, by outcome",
                            ["outcome"], registry=registry),
+            # a provider outage or a wrong API key: passes still "ran", every lookup failed
+            lookup_errors=Counter("hookledger_reconcile_lookup_errors",
+                                  "Reference-API lookups that gave no answer to judge, by "
+                                  "error", ["error"], registry=registry),
+            # a process whose passes stopped (a pass hung on a dead connection) shows its age
+            last_pass=Gauge("hookledger_reconcile_last_pass_timestamp_seconds",
+                            "When this process's last pass that ran ended (Unix time)",
+                            registry=registry),
         )
         for kind in KINDS:
             metrics.open_discrepancies.labels(kind=kind).set(0)

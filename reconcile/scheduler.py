@@ -74,6 +74,10 @@ class ReconcileScheduler:
             return None
         if self._metrics:
             self._metrics.passes.labels(outcome="skipped" if result.skipped else "ran").inc()
+            for error, count in result.errors.items():
+                self._metrics.lookup_errors.labels(error=error).inc(count)
+            if not result.skipped:
+                self._metrics.last_pass.set_to_current_time()
         self.last = result
         return result
 

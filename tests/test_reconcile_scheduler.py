@@ -106,3 +106,34 @@ def test_workers_writing_one_report_at_once_never_leave_a_partial_file(
     assert failures == []
     assert target.read_bytes() in contents
     assert [p.name for p in tmp_path.iterdir()] == ["latest.json"]  # no temporary left
+
+
+def test_a_provider_that_answers_nothing_shows_in_the_metrics(db_url: str) -> None:
+    """A wrong API key or a provider outage: every lookup failed, yet the metrics said
+    passes ran and nothing was wrong. The failed lookups are counted by error now, and
+    the time of the last pass that ran shows a process whose passes stopped."""
+    from prometheus_client import CollectorRegistry
+
+    from reconcile.metrics import ReconcileMetrics
+
+    registry = CollectorRegistry()
+
+    async def go(api_url: str) -> None:
+        client = ReferenceClient(api_url, API_KEY, timeout_s=0.5, max_attempts=1,
+                                 backoff_base_s=0.01)
+        scheduler = ReconcileScheduler(Reconciler(db_url, client), client, interval_s=60,
+                                       database_url=db_url,
+                                       metrics=ReconcileMetrics.create(registry))
+        await scheduler.run_once()
+        await scheduler.shutdown()
+
+    for n in range(3):
+        expect(db_url, f"DOWN-{n}", "collection", 5)
+    started = time.time()
+    with running_sandbox(faults=FaultSettings(error_rate=1.0)) as api:
+        asyncio.run(go(api.url))
+    errors = [s for m in registry.collect() for s in m.samples
+              if s.name == "hookledger_reconcile_lookup_errors_total"]
+    assert sum(s.value for s in errors) == 3 and all(s.labels["error"] for s in errors)
+    last = registry.get_sample_value("hookledger_reconcile_last_pass_timestamp_seconds")
+    assert last is not None and last >= started
