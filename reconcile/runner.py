@@ -248,6 +248,7 @@ class Reconciler:
             spans.append(Span(d.subject, d.reference, sizes[0], len(events), backoff,
                               (sizes[2], len(result.detected)),
                               (sizes[3], len(result.resolved)), verdict.result))
+        repaired: list[tuple[str, str]] = []
         async with conn.transaction():
             appended = await self._append(conn, events, spans, marks, result, now)
             for index, subject, reference in recoveries:
@@ -258,12 +259,16 @@ class Reconciler:
                 marks = [(s, r, t, max(p, position) if (s, r) == (subject, reference) else p,
                           n, res, pid) for s, r, t, p, n, res, pid in marks]
                 if not done.duplicate:
-                    result.recovered.append(reference)
-                    log.warning("reconcile.repaired", subject=subject, reference=reference,
-                                reason="a webhook was lost; state recovered through the API")
-                    if self._observer:
-                        self._observer.recovered(subject, 1)
+                    repaired.append((subject, reference))
             await store.mark_checked(conn, marks)
+        # told once committed: told inside, a commit that failed was counted and logged,
+        # and counted again when the chunk was done again
+        for subject, reference in repaired:
+            result.recovered.append(reference)
+            log.warning("reconcile.repaired", subject=subject, reference=reference,
+                        reason="a webhook was lost; state recovered through the API")
+            if self._observer:
+                self._observer.recovered(subject, 1)
         result.checked += len(due)
 
     async def _speaking(self, conn: store.Connection,

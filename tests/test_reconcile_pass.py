@@ -691,3 +691,39 @@ def test_a_pass_whose_answers_take_longer_than_the_idle_limit_keeps_its_session(
         result = reconcile(db_url, api.url, concurrency=1, timeout_s=30, idle_session_s=1.0)
     assert not result.skipped and result.checked == 3 and sorted(result.recovered) == [
         "SLOW-0", "SLOW-1", "SLOW-2"]
+
+
+def test_a_repair_is_counted_and_logged_only_once_its_chunk_committed(db_url: str) -> None:
+    """Told inside the chunk's transaction, a repair whose commit failed was counted (the
+    metric) and logged all the same, and again when the chunk was done again."""
+    from reconcile.client import ReferenceClient
+    from tests.reconcile_helpers import API_KEY
+
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("CREATE FUNCTION hookledger_private.refuse_commit() RETURNS trigger "
+                     "LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'commit refused'; END $$")
+        conn.execute("CREATE CONSTRAINT TRIGGER refuse_at_commit AFTER INSERT OR UPDATE ON "
+                     "hookledger_private.reconcile_subjects DEFERRABLE INITIALLY DEFERRED "
+                     "FOR EACH ROW EXECUTE FUNCTION hookledger_private.refuse_commit()")
+    state = CountingState()
+    state.record_general(body("payment.confirmed", 91000, reference="NOCOMMIT-1", amount=5))
+    expect(db_url, "NOCOMMIT-1", "collection", 5)
+    told: list[tuple[str, int]] = []
+
+    class Observer:
+        def recovered(self, subject: str, count: int) -> None:
+            told.append((subject, count))
+
+        def after_pass(self, *_: Any) -> None:
+            pass
+
+    async def go(api_url: str) -> None:
+        async with ReferenceClient(api_url, API_KEY, timeout_s=2) as client:
+            await runner.Reconciler(db_url, client, runner.PassConfig(
+                recheck_age=timedelta(days=3650)), Observer()).run_pass()
+
+    with running_sandbox(state=state) as api, pytest.raises(psycopg.Error):
+        asyncio.run(go(api.url))
+    assert told == []
+    assert rows(db_url, "SELECT count(*) FROM hookledger.ledger "
+                        "WHERE event_type = 'reconcile.recovered'") == [(0,)]
