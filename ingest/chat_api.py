@@ -18,8 +18,10 @@ from the request (headers) or from a transport exception's text.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -31,7 +33,7 @@ from ledger.jsonenc import jsonb_safe
 
 API_TOKEN_HEADER = "apiToken"
 DEFAULT_TIMEOUT_S = 10.0
-# the chat platform's largest media (a document) is 100 MB; past that it is no media of its
+# the chat platform's largest media (a document) is 100 MB: nothing larger is one of its
 MAX_MEDIA_BYTES = 100 * 1024 * 1024
 MEDIA_DEADLINE_FACTOR = 6  # a media fetch's whole answer: this many timeouts at most
 MAX_MESSAGE = 300
@@ -143,6 +145,19 @@ def parse_envelope(status: int, body: bytes, *, api_key: str | None = None) -> E
     return Envelope(code, _clean(message, api_key), parsed["data"])
 
 
+@contextlib.contextmanager
+def _transport_errors(method: str, path: str) -> Iterator[None]:
+    """httpx's failures to get an answer, as :class:`ChatApiUnavailable` (an outage)."""
+    try:
+        yield
+    except httpx.TimeoutException as exc:
+        raise ChatApiUnavailable("timeout", f"{method} {path}: {type(exc).__name__}") \
+            from None
+    except httpx.HTTPError as exc:  # the exception text may carry the request: not used
+        raise ChatApiUnavailable("transport", f"{method} {path}: {type(exc).__name__}") \
+            from None
+
+
 def _is_json_type(content_type: str) -> bool:
     kind = content_type.split(";")[0].strip().lower()
     return kind == "application/json" or kind.endswith("+json")
@@ -175,14 +190,8 @@ class ChatApi:
         await self._client.aclose()
 
     async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        try:
+        with _transport_errors(method, path):
             return await self._client.request(method, self._base + path, **kwargs)
-        except httpx.TimeoutException as exc:
-            raise ChatApiUnavailable("timeout", f"{method} {path}: {type(exc).__name__}") \
-                from None
-        except httpx.HTTPError as exc:  # the exception text may carry the request: not used
-            raise ChatApiUnavailable("transport", f"{method} {path}: {type(exc).__name__}") \
-                from None
 
     async def _call(self, method: str, path: str, **kwargs: Any) -> Envelope:
         response = await self._send(method, path, **kwargs)
@@ -217,19 +226,16 @@ class ChatApi:
             # with the API key, '.' /api/v1/waba/messages/media. Never a media's id
             raise ChatApiRefused("invalid_media_id", f"media id {media_id!r} names no media")
         path = f"/api/v1/waba/messages/{quote(media_id, safe='')}/media"
+        deadline_s = self._timeout_s * MEDIA_DEADLINE_FACTOR
         try:
-            async with asyncio.timeout(self._timeout_s * MEDIA_DEADLINE_FACTOR):
-                async with self._client.stream("GET", self._base + path) as response:
-                    status, headers = response.status_code, response.headers
-                    content = await _read_at_most(response, MAX_MEDIA_BYTES)
+            with _transport_errors("GET", path):
+                async with asyncio.timeout(deadline_s):
+                    async with self._client.stream("GET", self._base + path) as response:
+                        status, headers = response.status_code, response.headers
+                        content = await _read_at_most(response, MAX_MEDIA_BYTES)
         except TimeoutError:
             raise ChatApiUnavailable("timeout", f"GET {path}: not all sent within "
-                                     f"{self._timeout_s * MEDIA_DEADLINE_FACTOR:g} s") from None
-        except httpx.TimeoutException as exc:
-            raise ChatApiUnavailable("timeout", f"GET {path}: {type(exc).__name__}") from None
-        except httpx.HTTPError as exc:  # the exception text may carry the request: not used
-            raise ChatApiUnavailable("transport", f"GET {path}: {type(exc).__name__}") \
-                from None
+                                     f"{deadline_s:g} s") from None
         if content is None:
             raise ChatApiRefused("media_too_large", f"HTTP {status}: more than "
                                  f"{MAX_MEDIA_BYTES} bytes", status=status)
