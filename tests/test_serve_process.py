@@ -61,9 +61,12 @@ def database_url(home: Path) -> str:
 
 def postgres_running(home: Path) -> bool:
     pid_file = home / "postgres" / "data" / "postmaster.pid"
-    if not pid_file.exists():
+    try:
+        first = pid_file.read_text().split()[:1]
+    except FileNotFoundError:
         return False
-    return pid_alive(int(pid_file.read_text().split()[0]))
+    # read while the postmaster is still writing it, the file can be empty: not up yet
+    return bool(first) and first[0].isdigit() and pid_alive(int(first[0]))
 
 
 def started_at(pid: int) -> str | None:
