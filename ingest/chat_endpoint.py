@@ -34,7 +34,7 @@ from ingest.chat_body import (
 )
 from ingest.chat_secrets import MAX_PHONE_NUMBER_ID, ChatSecretStore
 from ingest.errors import BodyError, BodyIncomplete, BodyTooLarge, BodyTooSlow
-from ingest.headers import mask_text, masked, safe_headers
+from ingest.headers import mask_needles, mask_text, masked, safe_headers
 from ingest.incoming import DeliveryRequest, path_label
 from ingest.json_body import parse_object
 from ingest.metrics import IngestMetrics
@@ -63,6 +63,7 @@ class ChatEndpoint:
         # every secret this process was given (the other endpoint's, the API key,
         # the admin token): masked in any refusal here, wherever a sender put it
         self._known_secrets = list(known_secrets)
+        self._known_needles = mask_needles(self._known_secrets)  # once, not per request
         self._secrets = secrets
         self._tolerance_s = tolerance_s
         self._max_body = max_body_bytes
@@ -79,7 +80,7 @@ class ChatEndpoint:
         received_at = datetime.now(UTC)
         phone_number_id = request.path_params["phone_number_id"]
         endpoint = mask_text(f"chat/{path_label(phone_number_id, MAX_PHONE_NUMBER_ID * 2)}",
-                             self._known_secrets)
+                             self._known_needles)
         structlog.contextvars.clear_contextvars()
         structlog.contextvars.bind_contextvars(endpoint=endpoint)
         headers = safe_headers(request.headers.items())

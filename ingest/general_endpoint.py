@@ -25,7 +25,7 @@ from ingest.general_body import (
     read_general_or_malformed,
     unstorable_general,
 )
-from ingest.headers import mask_text, masked, safe_headers
+from ingest.headers import mask_needles, mask_text, masked, safe_headers
 from ingest.incoming import DeliveryRequest, path_label
 from ingest.json_body import parse_object
 from ingest.metrics import IngestMetrics
@@ -50,6 +50,7 @@ class GeneralEndpoint:
         # every secret this process was given (the other endpoint's, the API key,
         # the admin token): masked in any refusal here, wherever a sender put it
         self._known_secrets = list(known_secrets)
+        self._known_needles = mask_needles(self._known_secrets)  # once, not per request
         self._secrets = dict(secrets)
         self._zone = zone
         self._max_body = max_body_bytes
@@ -64,7 +65,7 @@ class GeneralEndpoint:
     async def __call__(self, request: DeliveryRequest) -> Response | responses.Accepted:
         received_at = datetime.now(UTC)
         name = request.path_params["name"]
-        endpoint = mask_text(f"general/{path_label(name, 1024)}", self._known_secrets)
+        endpoint = mask_text(f"general/{path_label(name, 1024)}", self._known_needles)
         structlog.contextvars.clear_contextvars()
         structlog.contextvars.bind_contextvars(endpoint=endpoint)
         headers = safe_headers(request.headers.items())

@@ -24,13 +24,16 @@ def safe_headers(items: Iterable[tuple[str, str]]) -> dict[str, str]:
 MASK = "[redacted]"
 
 
-def _needles(secrets: Sequence[bytes]) -> list[str]:
-    return [secret.decode("utf-8", "replace") for secret in secrets if len(secret) >= 4]
+def mask_needles(secrets: Sequence[bytes]) -> tuple[str, ...]:
+    """The texts :func:`mask_text` and :func:`masked` look for: worked out once by a caller
+    that masks on every request."""
+    return tuple(secret.decode("utf-8", "replace") for secret in secrets if len(secret) >= 4)
 
 
-def mask_text(text: str, secrets: Sequence[bytes]) -> str:
-    """``text`` (a request's path, say) with any of ``secrets`` masked."""
-    for needle in _needles(secrets):
+def mask_text(text: str, needles: Sequence[str]) -> str:
+    """``text`` (a request's path, say) with any of ``needles`` (:func:`mask_needles`)
+    masked."""
+    for needle in needles:
         text = text.replace(needle, MASK)
     return text
 
@@ -41,10 +44,5 @@ def masked(headers: Mapping[str, str], secrets: Sequence[bytes]) -> dict[str, st
     A misconfigured sender may put the secret itself in a header (``X-Service-Signature:
     <secret>``); a refusal row is readable by users, so the secret must not land there.
     """
-    needles = _needles(secrets)
-    kept = {}
-    for name, value in headers.items():
-        for needle in needles:
-            value = value.replace(needle, MASK)
-        kept[name] = value
-    return kept
+    needles = mask_needles(secrets)
+    return {name: mask_text(value, needles) for name, value in headers.items()}
