@@ -127,6 +127,11 @@ async def read_committed(conn: psycopg.AsyncConnection[Any]) -> None:
 IDLE_IN_TRANSACTION_S = 60.0
 
 
+def _milliseconds(seconds: float) -> str:
+    """A session limit's setting: at least 1 ms for any bound, 0 (none) for none."""
+    return str(max(1, round(seconds * 1000))) if seconds > 0 else "0"
+
+
 async def end_if_idle_in_transaction(conn: psycopg.AsyncConnection[Any],
                                      seconds: float = IDLE_IN_TRANSACTION_S) -> None:
     """Have the server end this session once it has sat idle inside a transaction for
@@ -140,9 +145,8 @@ async def end_if_idle_in_transaction(conn: psycopg.AsyncConnection[Any],
     to the spool, and the views stopped. Ending the session rolls the transaction back;
     its owner has seen its connection go and does the work again.
     """
-    limit = str(max(1, round(seconds * 1000))) if seconds > 0 else "0"  # ms; 0: no bound
     await conn.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
-                       (limit,))
+                       (_milliseconds(seconds),))
 
 
 async def end_if_idle(conn: psycopg.AsyncConnection[Any], seconds: float) -> None:
@@ -156,7 +160,7 @@ async def end_if_idle(conn: psycopg.AsyncConnection[Any], seconds: float) -> Non
     Set before the lock is taken; the session must then speak more often than this."""
     if conn.info.server_version >= 140000:
         await conn.execute("SELECT set_config('idle_session_timeout', %s, false)",
-                           (str(max(1, round(seconds * 1000))),))  # milliseconds
+                           (_milliseconds(seconds),))
 
 
 async def database_identity(conn: psycopg.AsyncConnection[Any]) -> str:
