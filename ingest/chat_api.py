@@ -275,9 +275,6 @@ async def _read_at_most(response: httpx.Response, limit: int) -> bytes | None:
     return b"".join(chunks)
 
 
-_LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
-
-
 def _is_loopback_address(host: str) -> bool:
     """An IP address on the loopback network: ``127.0.0.2`` is, a name that merely starts
     with ``127.`` (``127.example.com``, ``127.0.0.1.nip.io``) is not."""
@@ -301,7 +298,7 @@ def webhook_url_problem(url: str) -> str | None:
     if not parsed.host:
         return "not an absolute URL"
     host = parsed.host.lower()
-    loopback = host in _LOOPBACK_NAMES or _is_loopback_address(host)
+    loopback = host == "localhost" or _is_loopback_address(host)
     if parsed.scheme == "https":
         return None
     if parsed.scheme == "http" and loopback:
