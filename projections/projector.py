@@ -292,7 +292,7 @@ async def apply_events(conn: Connection, events: Sequence[StoredEvent], *,
     for projection in projections:
         mine = events
         if past is not None and (done := past.get(projection.table)) is not None \
-                and done > events[0].position - 1:
+                and done >= events[0].position:
             mine = [event for event in events if event.position > done]
         touched, unkeyed = touched_keys(projection, mine)
         findings.extend(unkeyed)
