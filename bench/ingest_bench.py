@@ -609,9 +609,9 @@ def measure(seconds: float, connections: int, scale_events: int, fixed_rate: int
                                 in zip(small_runs, large_runs, strict=True) if small.rate]
     # each round's pair ran minutes apart at most: the median of the paired ratios follows
     # the machine's drift less than a ratio of two medians would
-    ratios = [o.rate / b.rate for b, o in zip(bare_runs, our_runs, strict=True) if b.rate]
+    ratios = paired_ratios(bare_runs, our_runs)
     parts = [ratio_parts(b, o) for b, o in zip(bare_runs, our_runs, strict=True)]
-    off_ratios = [o.rate / b.rate for b, o in zip(bare_runs, off_runs, strict=True) if b.rate]
+    off_ratios = paired_ratios(bare_runs, off_runs)
     figures: dict[str, Any] = {
         "postgresql": postgres_version,
         "ready_seconds": round(ready_seconds(), 2),
@@ -633,6 +633,14 @@ def measure(seconds: float, connections: int, scale_events: int, fixed_rate: int
             if scale_ratios else 0.0
         figures["scaled_rounds"] = [round(x, 2) for x in scale_ratios]
     return figures
+
+
+def paired_ratios(bare_runs: list[Load], our_runs: list[Load]) -> list[float]:
+    """Each round's req/s over the bare endpoint's in the same round; none for a contender
+    that was left out (``--no-projector-off``) or a round the bare endpoint answered nothing."""
+    if not our_runs:
+        return []
+    return [o.rate / b.rate for b, o in zip(bare_runs, our_runs, strict=True) if b.rate]
 
 
 def ratio_parts(bare: Load, ours: Load) -> dict[str, float] | None:

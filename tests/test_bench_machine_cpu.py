@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from bench.ingest_bench import Load, ratio_parts
+from bench.ingest_bench import Load, paired_ratios, ratio_parts
 from bench.machine_cpu import (
     CpuTimes,
     MachineCpu,
@@ -103,3 +103,11 @@ def test_a_row_of_rounds_is_described_with_each_round() -> None:
                                    "cpu_us_per_delivery": None}}])
     assert line.startswith("1.75 cores busy, 18% idle, 0% stolen; 715 us of CPU per delivery")
     assert line.endswith("1.75 cores / 18% idle / 715 us, 1.80 cores / 17% idle / ? us")
+
+
+def test_rounds_are_paired_with_the_bare_endpoints_and_a_contender_left_out_has_none() -> None:
+    bare = [_load(3000, None), _load(4000, None)]
+    assert paired_ratios(bare, [_load(3300, None), _load(3000, None)]) == pytest.approx(
+        [1.1, 0.75])
+    assert paired_ratios(bare, []) == []  # ``--no-projector-off``: no such runs
+    assert paired_ratios([_load(0, None)], [_load(3000, None)]) == []  # nothing to divide by
