@@ -168,8 +168,10 @@ class Settings(BaseSettings):
         secrets = parse_named_secrets(value)
         for number, secret in secrets.items():
             if not valid_phone_number_id(number):
-                raise ValueError(f"phone number id {number[:80]!r} is not a valid id "
-                                 f"(1-{MAX_PHONE_NUMBER_ID} letters, digits, '-' or '_')")
+                # not echoed: written the wrong way round (secret=id), the "id" is the secret
+                raise ValueError(f"a phone number id must be 1-{MAX_PHONE_NUMBER_ID} letters, "
+                                 f"digits, '-' or '_' (id=secret); one has {len(number)} "
+                                 "characters")
             if len(secret.get_secret_value()) > MAX_SECRET or \
                     "\x00" in secret.get_secret_value():
                 raise ValueError(f"the secret for {number} must be 1-{MAX_SECRET} characters, "

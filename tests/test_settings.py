@@ -56,6 +56,21 @@ def test_a_pair_written_the_wrong_way_round_never_echoes_the_secret() -> None:
     assert "whsec" not in str(refused.value) and "9f/Q2" not in str(refused.value)
 
 
+def test_a_chat_pair_written_the_wrong_way_round_never_echoes_the_secret(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``secret=100001``: a secret of id characters too long for an id was quoted in the
+    refusal as "phone number id '...' is not a valid id"."""
+    from click.testing import CliRunner
+
+    from hookledger.cli import main
+
+    monkeypatch.setenv("HOOKLEDGER_CHAT_SECRETS", "S3cr3t" * 14 + "=100001")
+    result = CliRunner().invoke(main, ["db", "url"])
+    assert result.exit_code == 2, result.output
+    assert "HOOKLEDGER_CHAT_SECRETS" in result.output and "phone number id" in result.output
+    assert "S3cr3t" not in result.output
+
+
 def test_secrets_keep_equals_signs_and_never_print(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOOKLEDGER_CHAT_SECRETS", "1234567=abc=def")
     s = Settings()
