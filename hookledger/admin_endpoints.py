@@ -40,6 +40,7 @@ ADMIN_ROUTES.append(AdminRoute(
     "/api/chat/{phone_number_id}/rotate-secret", "POST", admin_rotate_secret,
     "Rotate a number's chat secret through the provider and keep it (answers its label only)",
     responses={200: "rotated and stored", 400: "not a valid phone number id",
+               409: "a rotation of this number is already running (rotation_in_progress)",
                500: "issued but not stored: rescued to a 0600 file (see rescued_to; "
                     "command is the shell line that stores it)",
                502: "the provider refused or answered unusably; one that rotated without "
@@ -54,9 +55,12 @@ from reconcile.expectations import RESPONSE_SCHEMA as EXPECTATION_RESPONSE  # no
 
 ADMIN_ROUTES.append(AdminRoute(
     "/api/expectations", "POST", post_expectation,
-    "Register an initiated collection or payout, so that a webhook that never comes is noticed",
+    "Register an initiated collection, payout or SMS, so that a webhook that never comes is "
+    "noticed",
     request_schema=EXPECTATION_SCHEMA,
     responses={201: "registered", 200: "already registered alike (idempotent)",
-               400: "invalid body", 409: "reference already expected with another kind or "
-               "amount", 413: "body too large"},
+               400: "invalid body, or the caller left mid-body (client_disconnected)",
+               408: "the body arrived too slowly (body_timeout)",
+               409: "reference already expected with another kind or amount",
+               413: "body too large"},
     response_schema=EXPECTATION_RESPONSE))

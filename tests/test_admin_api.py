@@ -44,3 +44,10 @@ def test_the_openapi_document_lists_every_route(service: str) -> None:
     assert document["openapi"].startswith("3.")
     assert "/api/status" in document["paths"]
     assert TOKEN not in httpx.get(f"{service}/api/openapi.json").text
+    # every answer a route gives is listed, so a client generated from the document knows
+    # it (408 for a trickled body and 409 for a rotation already running were not)
+    answers = {path: set(document["paths"][path]["post"]["responses"])
+               for path in ("/api/expectations", "/api/chat/{phone_number_id}/rotate-secret")}
+    assert answers["/api/expectations"] >= {"200", "201", "400", "408", "409", "413"}
+    assert answers["/api/chat/{phone_number_id}/rotate-secret"] >= {
+        "200", "400", "409", "500", "502", "503"}
