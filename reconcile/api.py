@@ -45,7 +45,9 @@ async def post_expectation(request: Request) -> Response:
     try:
         data = json.loads(raw, parse_float=Decimal)
         expectation = parse_expectation(data, now=datetime.now(UTC))
-    except (ValueError, RecursionError):  # (nested past what the JSON reader goes)
+    except (ValueError, RecursionError, ArithmeticError):
+        # (nested past what the JSON reader goes; a number past what Decimal holds raises
+        # decimal.InvalidOperation, an ArithmeticError)
         return _error(400, "bad_request", "the body is not JSON")
     except ExpectationInvalid as exc:
         return _error(400, "bad_request", str(exc))

@@ -55,11 +55,15 @@ def test_the_expectations_api_authenticates_validates_and_is_idempotent(db_url: 
             ("E-1", "collection", "1500.50", False)]
 
 
-def test_a_body_nested_past_the_json_reader_is_a_bad_request(db_url: str) -> None:
-    """Nested deeper than the JSON reader goes, a body raised RecursionError, which is no
-    ValueError: the answer was a 500 with a traceback in the log, not a 400."""
+@pytest.mark.parametrize("raw", [
+    b"[" * 5000,
+    b'{"reference": "R", "kind": "collection", "amount": 1e99999999999999999999}'])
+def test_a_body_the_json_reader_cannot_take_is_a_bad_request(db_url: str, raw: bytes) -> None:
+    """Nested deeper than the JSON reader goes, a body raised RecursionError, and a number
+    past what Decimal holds raised decimal.InvalidOperation: neither is a ValueError, and
+    the answer was a 500 with a traceback in the log, not a 400."""
     with running_service(db_url, admin_token=TOKEN) as base:
-        answer = httpx.post(f"{base}/api/expectations", content=b"[" * 5000,
+        answer = httpx.post(f"{base}/api/expectations", content=raw,
                             headers={"Authorization": f"Bearer {TOKEN}"})
     assert answer.status_code == 400 and answer.json()["error"] == "bad_request"
 
