@@ -33,6 +33,9 @@ expectations = Table(
     # a sent SMS carries no money (amount 0); a payment always does
     CheckConstraint("CASE WHEN kind = 'sms' THEN amount = 0 ELSE amount > 0 END",
                     name="amount_positive"),
+    # instants a Python reader can hold (ledger.instants; migration 0012, NOT VALID there)
+    CheckConstraint("initiated_at >= '1900-01-01 00:00+00' AND "
+                    "initiated_at < '9998-01-01 00:00+00'", name="initiated_at_storable"),
 )
 
 reconcile_subjects = Table(

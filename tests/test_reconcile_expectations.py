@@ -82,6 +82,21 @@ def test_the_sql_function_registers_refuses_conflicts_and_bad_values(db_url: str
         assert conn.execute("SELECT count(*) FROM hookledger.expectations").fetchone() == (1,)
 
 
+@pytest.mark.parametrize("initiated_at", ["0001-01-01 00:00+03", "1899-12-31 23:59:59+00",
+                                          "9998-01-01 00:00+00", "infinity"])
+def test_the_sql_function_refuses_an_instant_no_reader_can_hold(
+        db_url: str, initiated_at: str) -> None:
+    """The API and the command refused such an ``initiated_at``; the SQL function stored
+    it, and every later read of the row in Python (a reconciliation pass) failed."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.CheckViolation):
+            conn.execute("SELECT hookledger.expect('T-1', 'payout', 5, %s::timestamptz)",
+                         (initiated_at,))
+        assert conn.execute("SELECT hookledger.expect('T-1', 'payout', 5, "
+                            "'1900-01-01 00:00+00')").fetchone() == (True,)
+        assert conn.execute("SELECT count(*) FROM hookledger.expectations").fetchone() == (1,)
+
+
 def test_a_registered_sms_is_pending_until_its_report_and_never_reconciled(db_url: str) -> None:
     """sms_messages shows a registered message pending; its operator report replaces it;
     one that never gets a report stays pending and is never a discrepancy."""
