@@ -246,7 +246,14 @@ def settle(kind: str, facts: Mapping[str, Any], row: Mapping[str, Any] | None) -
     if kind == "unresolved":
         return "a final state arrived" if outcome in TERMINAL else None
     provider_outcome = facts.get("provider_outcome")
-    if row.get("recovered") or provider_outcome is None or outcome != provider_outcome:
+    if row.get("recovered") or provider_outcome is None:
+        return None
+    later = SUCCESSORS.get(str(row.get("subject")), {}).get(str(provider_outcome), frozenset())
+    if kind == "missing_webhook" and outcome in later:
+        # the lost webhook's state is past: a later webhook (a refund after the success
+        # found) moved the row on, and "fulfil" must not stay open beside it
+        return f"a later webhook moved it on to {outcome}"
+    if outcome != provider_outcome:
         return None
     if kind == "missing_webhook":  # its amount, if it differs, is an amount_mismatch's
         return "the late webhook arrived and agrees"

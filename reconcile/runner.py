@@ -382,7 +382,7 @@ class Reconciler:
         events: list[NewEvent] = []
         for row in await store.open_for_settling(conn):
             view = None if not row["known"] else {
-                "outcome": row["outcome"], "amount": row["amount"],
+                "subject": row["subject"], "outcome": row["outcome"], "amount": row["amount"],
                 "recovered": row["recovered"], "settled": row["settled"]}
             reason = settle(row["kind"], row["facts"] or {}, view)
             if reason is None:

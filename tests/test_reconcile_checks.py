@@ -88,6 +88,25 @@ def test_settle_never_resolves_on_a_recovered_state_except_unresolved(
         assert reason is None
 
 
+def test_a_refund_webhook_after_a_recovered_success_settles_its_missing_webhook() -> None:
+    """The success was recovered (its webhook lost for good: the general system never
+    resends), and its missing_webhook said "fulfil"; then the refund's own webhook came.
+    The row moved on to refunded, the provider agrees, and the subject is settled, so no
+    check would ever close the finding that still told someone to deliver goods for money
+    that went back, the whole amount at risk."""
+    facts = {"provider_outcome": "success", "provider_amount": "10"}
+    refunded = {"subject": "collection", "outcome": "refunded", "amount": Decimal(10),
+                "recovered": False}
+    reason = settle("missing_webhook", facts, refunded)
+    assert reason is not None and "refunded" in reason
+    # only a state that follows the one found: not a failure, not one recovered, and
+    # nothing follows a payout's
+    assert settle("missing_webhook", facts, {**refunded, "outcome": "failure"}) is None
+    assert settle("missing_webhook", facts, {**refunded, "recovered": True}) is None
+    assert settle("missing_webhook", facts, {**refunded, "subject": "payout"}) is None
+    assert settle("missing_webhook", {"provider_outcome": "failure"}, refunded) is None
+
+
 def test_a_refund_found_after_a_recovered_success_supersedes_its_open_finding() -> None:
     """The success was recovered (its webhook lost) and its missing_webhook is still open,
     telling someone to fulfil; the provider now says the money went back. That must be a

@@ -76,6 +76,27 @@ def test_a_late_webhook_that_agrees_resolves_the_missing_webhook(db_url: str) ->
         (True,)]
 
 
+def test_a_refund_webhook_after_a_recovered_success_resolves_its_missing_webhook(
+        db_url: str) -> None:
+    """The lost payment.confirmed never comes (the general system never resends); the
+    refund's own webhook does. The finding that said "fulfil" is resolved, not left open
+    with the whole amount at risk while the subject is settled and never asked again."""
+    state = CountingState()
+    state.record_general(body("payment.confirmed", 91000, reference="C-R", amount=800))
+    expect(db_url, "C-R", "collection", 800)
+    with running_sandbox(state=state) as api:
+        reconcile(db_url, api.url)
+        assert discrepancies(db_url) == [("missing_webhook", "collection", "C-R", Decimal(800))]
+        state.record_general(body("payment.refunded", 91000, reference="C-R", amount=800))
+        deliver(db_url, "payment.refunded", 91000, reference="C-R", amount=800)
+        reconcile(db_url, api.url)
+    assert discrepancies(db_url) == []
+    assert rows(db_url, "SELECT resolution FROM hookledger.discrepancies") == [
+        ("a later webhook moved it on to refunded",)]
+    assert rows(db_url, "SELECT outcome, recovered FROM hookledger.payments") == [
+        ("refunded", False)]
+
+
 def test_status_and_amount_mismatches_are_found_and_never_override_the_webhook(
         db_url: str) -> None:
     state = CountingState()
