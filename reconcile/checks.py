@@ -178,10 +178,13 @@ def decide(local: Local, lookup: Lookup, *, now: datetime, window: timedelta) ->
             f"the provider reports {record.status} ({record.outcome}) for {local.subject} "
             f"{local.reference}; {known}; recovered through the API", record.amount, facts))
     elif ours != record.outcome:
+        # a recovered state came from no webhook but from the provider's earlier answer
+        said = (f"an earlier check recovered {local.status} ({ours}), the provider now says"
+                if local.recovered else
+                f"webhooks say {local.status} ({ours}), the provider says")
         found.append(Detection(
-            "status_mismatch",
-            f"webhooks say {local.status} ({ours}), the provider says {record.status} "
-            f"({record.outcome})", _risk(local.amount, record.amount), facts))
+            "status_mismatch", f"{said} {record.status} ({record.outcome})",
+            _risk(local.amount, record.amount), facts))
     elif (local.amount is not None and record.amount is not None
           and local.amount != record.amount):
         found.append(Detection(

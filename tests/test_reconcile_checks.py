@@ -372,3 +372,22 @@ def test_an_envelope_keeps_its_message_storable_and_reads_any_exponent() -> None
         b'{"amount": 1e99999999999999999999}}')
     assert envelope.message == "no \\u0000such \\ud800"
     assert envelope.data["amount"] == "1e99999999999999999999"
+
+
+def test_a_recovered_state_the_provider_now_contradicts_is_not_blamed_on_webhooks() -> None:
+    """No webhook ever came: the state was the provider's own earlier answer. The finding
+    said "webhooks say FAILED", sending a person to look for a webhook that never was."""
+    local = Local("collection", "R", "failure", "FAILED", Decimal(10), recovered=True,
+                  since=NOW - timedelta(hours=6))
+    verdict = decide(local, Lookup("R", "found", record("success", Decimal(10))), now=NOW,
+                     window=WINDOW)
+    [found] = verdict.detect
+    assert found.kind == "status_mismatch" and verdict.recover is None
+    assert "webhook" not in found.detail
+    assert "recovered" in found.detail and "FAILED" in found.detail
+    assert "SUCCESSFUL" in found.detail
+    by_webhook = decide(Local("collection", "R", "failure", "FAILED", Decimal(10),
+                              since=NOW - timedelta(hours=6)),
+                        Lookup("R", "found", record("success", Decimal(10))), now=NOW,
+                        window=WINDOW)
+    assert by_webhook.detect[0].detail.startswith("webhooks say FAILED")
