@@ -170,8 +170,8 @@ class Settings(BaseSettings):
             if not valid_phone_number_id(number):
                 # not echoed: written the wrong way round (secret=id), the "id" is the secret
                 raise ValueError(f"a phone number id must be 1-{MAX_PHONE_NUMBER_ID} letters, "
-                                 f"digits, '-' or '_' (id=secret); one has {len(number)} "
-                                 "characters")
+                                 f"digits, '-' or '_' (id=secret); one given ({len(number)} "
+                                 "characters) is not")
             if len(secret.get_secret_value()) > MAX_SECRET or \
                     "\x00" in secret.get_secret_value():
                 raise ValueError(f"the secret for {number} must be 1-{MAX_SECRET} characters, "

@@ -4,8 +4,8 @@ The API and ``hookledger expect`` refused an instant before 1900 or from 9998 on
 (``ledger.instants``), but ``hookledger.expect()`` in SQL stored it, and every later read of
 the row in Python failed: a reconciliation pass, the reports. The constraint refuses it
 wherever it comes from. NOT VALID: a row stored before this migration is left for its owner
-to find (``SELECT * FROM hookledger.expectations WHERE initiated_at < '1900-01-01'``) rather
-than stopping the upgrade.
+to find (``SELECT * FROM hookledger.expectations WHERE initiated_at < '1900-01-01' OR
+initiated_at >= '9998-01-01'``) rather than stopping the upgrade.
 
 Revision ID: 0012
 Revises: 0011
