@@ -276,7 +276,8 @@ async def apply_events(conn: Connection, events: Sequence[StoredEvent], *,
                        schema: str = PRIVATE_SCHEMA,
                        projections: Sequence[Projection] = PROJECTIONS,
                        buffer: ReplayBuffer | None = None,
-                       past: Mapping[str, int] | None = None) -> list[Finding]:
+                       past: Mapping[str, int] | None = None,
+                       upto: Mapping[str, int] | None = None) -> list[Finding]:
     """Fold ``events`` into the projection tables of ``schema``; return what was found.
 
     Without ``buffer`` (the live projector) the rows are read and written in this call;
@@ -285,7 +286,9 @@ async def apply_events(conn: Connection, events: Sequence[StoredEvent], *,
     own checkpoint: the checkpoints can stand apart (an older ``serve`` still leading
     after a migration added a projection moves only those it knows), and the batch read
     from the lowest of them folded the others' events twice. (A malformed delivery's
-    finding may then be made again: its dedupe key keeps it one ledger event.)
+    finding may then be made again: its dedupe key keeps it one ledger event.) With
+    ``upto``, a projection folds only the events up to its own position there: ``verify``
+    replays each projection to its live checkpoint, wherever the others stand.
     """
     findings = [Finding(unread, event) for event in events
                 if (unread := malformed_discrepancy(event)) is not None]
@@ -294,6 +297,9 @@ async def apply_events(conn: Connection, events: Sequence[StoredEvent], *,
         if past is not None and (done := past.get(projection.table)) is not None \
                 and done >= events[0].position:
             mine = [event for event in events if event.position > done]
+        if upto is not None and (last := upto.get(projection.table)) is not None \
+                and last < events[-1].position:
+            mine = [event for event in mine if event.position <= last]
         touched, unkeyed = touched_keys(projection, mine)
         findings.extend(unkeyed)
         if not touched:
@@ -409,6 +415,14 @@ async def catch_up(conn: Connection, *, batch_size: int = 5000) -> None:
     """Project everything in the ledger now, so what is read next is current."""
     while await project_batch(conn, batch_size=batch_size):
         pass
+
+
+async def checkpoints(conn: Connection) -> dict[str, int]:
+    """Each projection's checkpoint, unlocked: what a snapshot of the live tables holds."""
+    cur = await conn.execute(
+        "SELECT name, position FROM hookledger_private.projection_checkpoints "
+        "WHERE name = ANY(%s)", (CHECKPOINT_NAMES,))
+    return {str(name): int(position) for name, position in await cur.fetchall()}
 
 
 async def checkpoint(conn: Connection) -> int:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -30,7 +30,7 @@ from projections.projector import (
     Connection,
     Finding,
     apply_events,
-    checkpoint,
+    checkpoints,
     connect,
     discrepancy_event,
     lock_checkpoint,
@@ -80,16 +80,18 @@ async def head_position(conn: Connection) -> int:
     return int(row[0]) if row else 0
 
 
-async def _replay(conn: Connection, reader: Connection, *, schema: str, until: int | None,
-                  batch_size: int, buffer_rows: int, progress: Progress | None
-                  ) -> tuple[int, int, list[Finding]]:
-    """Replay the ledger into empty tables of ``schema`` (the caller emptied them).
+async def _replay(conn: Connection, reader: Connection, *, schema: str,
+                  until: Mapping[str, int] | None, batch_size: int, buffer_rows: int,
+                  progress: Progress | None) -> tuple[int, int, list[Finding]]:
+    """Replay the ledger into empty tables of ``schema`` (the caller emptied them), each
+    projection up to its position in ``until`` (its live checkpoint), or all of it.
 
     ``reader`` reads the ledger one batch ahead while ``conn`` folds and writes the current
     one, so the server's work on a read overlaps the folding. A second connection sees the
     same events: the ledger only grows, and only in position order.
     """
     position, count = 0, 0
+    last = max(until.values(), default=0) if until is not None else 0
     findings: list[Finding] = []
     buffer = ReplayBuffer(buffer_rows)
     with collector_paused():
@@ -98,13 +100,13 @@ async def _replay(conn: Connection, reader: Connection, *, schema: str, until: i
             while True:
                 events = await ahead
                 if until is not None:
-                    events = [e for e in events if e.position <= until]
+                    events = [e for e in events if e.position <= last]
                 if not events:
                     break
                 ahead = asyncio.create_task(
                     read_in(reader, events[-1].position, batch_size, facts_only=True))
                 findings.extend(await apply_events(conn, events, schema=schema,
-                                                   buffer=buffer))
+                                                   buffer=buffer, upto=until))
                 # the buffer may keep ``conn`` from any statement for minutes, and a session
                 # idle that long in its transaction is ended (see projector.connect)
                 await conn.execute("SELECT 1")
@@ -170,13 +172,17 @@ async def verify(url: str, *, batch_size: int = 5000, buffer_rows: int = BUFFER_
             await connect(url) as reader:
         await conn.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
         async with conn.transaction():
-            live_checkpoint = await checkpoint(conn)
+            # each projection is compared as folded to its own checkpoint: during a rolling
+            # upgrade an older leader moves only those it knows, and replaying all to the
+            # lowest called every row the others had folded since different
+            folded_to = await checkpoints(conn)
+            live_checkpoint = min(folded_to.values(), default=0)
             for projection in PROJECTIONS:
                 await conn.execute(sql.SQL(
                     "CREATE TEMP TABLE {} (LIKE {} INCLUDING ALL) ON COMMIT DROP").format(
                         sql.Identifier(projection.table),
                         sql.Identifier(PRIVATE_SCHEMA, projection.table)))
-            await _replay(conn, reader, schema=SHADOW_SCHEMA, until=live_checkpoint,
+            await _replay(conn, reader, schema=SHADOW_SCHEMA, until=folded_to,
                           batch_size=batch_size, buffer_rows=buffer_rows, progress=progress)
             differences: list[Difference] = []
             rows: dict[str, int] = {}

@@ -900,3 +900,29 @@ def test_checkpoints_left_apart_by_an_older_projector_fold_each_event_once(
             "SELECT name, position FROM hookledger_private.projection_checkpoints")}
     head = max(positions.values())
     assert set(positions.values()) == {head} and head > behind
+
+
+@pytest.mark.parametrize("lagging", ["discrepancies", "payments"])
+def test_verify_while_an_older_projector_leaves_the_checkpoints_apart(
+        db_url: str, lagging: str) -> None:
+    """During a rolling upgrade the projections an older leader knows are folded further
+    than the one it does not. verify replayed every projection to the lowest checkpoint
+    and called each row the others had folded since ``differs`` (exit 1) while the live
+    tables were right; each projection is now replayed to its own checkpoint."""
+    asyncio.run(append_all(db_url, mixed_events(40, seed=5, prefix="a")))
+    asyncio.run(project_all(db_url))
+    asyncio.run(append_all(db_url, mixed_events(40, seed=6, prefix="b")))
+    asyncio.run(project_as_older_code(db_url, [p for p in PROJECTIONS if p.table != lagging]))
+    with psycopg.connect(db_url) as conn:
+        positions = dict(conn.execute(
+            "SELECT name, position FROM hookledger_private.projection_checkpoints").fetchall())
+    assert positions[lagging] < max(positions.values())  # apart, as the upgrade leaves them
+    result = asyncio.run(verify(db_url))
+    assert result.identical, result.differences[:5]
+    assert result.checkpoint == positions[lagging]  # "verified up to" every projection
+    # and a row that really differs is still found while they are apart
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("UPDATE hookledger_private.payments SET amount = amount + 1 "
+                     "WHERE reference = (SELECT min(reference) FROM "
+                     "hookledger_private.payments)")
+    assert [d.table for d in asyncio.run(verify(db_url)).differences] == ["payments"]
