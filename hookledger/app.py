@@ -128,9 +128,7 @@ def create_app(settings: Settings, database_url: str, *,
             stack.push_async_callback(appender.close)
             holder["runtime"] = Runtime(pool, store, appender, metrics, spool)
             app.state.runtime = holder["runtime"]
-            known_secrets = [v.get_secret_value().encode() for v in (
-                *settings.general_secrets.values(), *settings.chat_secrets.values(),
-                *(x for x in (settings.api_key, settings.admin_token) if x is not None))]
+            known_secrets = [value.encode() for value in settings.secret_values()]
             app.state.general = GeneralEndpoint(
                 secrets={k: v.get_secret_value().encode() for k, v in
                          settings.general_secrets.items()},

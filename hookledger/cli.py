@@ -62,15 +62,8 @@ def load_settings(**overrides: Any) -> Settings:
         _fail(f"bad configuration:\n  hookledger.toml: {exc}")
 
 
-def _secret_values(settings: Settings) -> list[str]:
-    values = [s.get_secret_value() for s in settings.general_secrets.values()]
-    values += [s.get_secret_value() for s in settings.chat_secrets.values()]
-    values += [s.get_secret_value() for s in (settings.api_key, settings.admin_token) if s]
-    return values
-
-
 def configure_logging(settings: Settings) -> None:
-    secrets = _secret_values(settings)
+    secrets = settings.secret_values()
     # the libraries' own records at WARNING and above: their INFO is noise beside ours
     logs.route_stdlib(fmt=settings.log_format, level="warning", secrets=secrets)
     logs.configure(fmt=settings.log_format, level=settings.log_level, secrets=secrets)

@@ -261,6 +261,14 @@ class Settings(BaseSettings):
                              "such as https://api.example.com")
         return value
 
+    def secret_values(self) -> list[str]:
+        """Every secret this process was given (both systems', the API key, the admin
+        token): what logs and refusals must never show."""
+        values = [s.get_secret_value() for s in self.general_secrets.values()]
+        values += [s.get_secret_value() for s in self.chat_secrets.values()]
+        values += [s.get_secret_value() for s in (self.api_key, self.admin_token) if s]
+        return values
+
     @property
     def zone(self) -> ZoneInfo:
         return ZoneInfo(self.provider_timezone)
