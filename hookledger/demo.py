@@ -30,7 +30,7 @@ from hookledger.app import create_app
 from hookledger.database import database
 from projections.projector import catch_up, connect
 from reconcile.client import ReferenceClient
-from reconcile.report import build_report, load_rows, render_html
+from reconcile.report_files import stream_report
 from reconcile.runner import PassConfig, PassResult, Reconciler
 from sandbox import jsonenc
 from sandbox.cli import state_for
@@ -174,10 +174,9 @@ def _projections(ctx: DemoContext) -> list[str]:
 
 def _report(ctx: DemoContext) -> list[str]:
     """The finance person's HTML report, written where it outlives the demo's home."""
-    rows = asyncio.run(load_rows(ctx.database_url, None))
-    html = render_html(build_report(rows, now=datetime.now(UTC)))
     path = Path.cwd() / "hookledger-demo-report.html"
-    path.write_text(html, encoding="utf-8")
+    with path.open("w", encoding="utf-8") as page:
+        stream_report(ctx.database_url, {"html": page})
     return [f"discrepancy report: {path}"]
 
 

@@ -20,7 +20,8 @@ from hookledger import migrate
 from hookledger.database import database
 from hookledger.settings import Settings
 from reconcile.errors import ReconcileError
-from reconcile.report import FORMATS, render, replace_atomically, report_for
+from reconcile.report_files import atomic_text, stream_report
+from reconcile.report_render import FORMATS
 
 SKIPPED_EXIT = 3  # `reconcile` found another pass running and checked nothing
 
@@ -79,23 +80,25 @@ def report_command(fmt: str, since: str | None, out: Path | None) -> None:
 
     settings = _root()
     start = _since(since)
+    windows = report_windows(settings)
     with database(settings) as url:
         migrate.upgrade(url)
-        text = render(asyncio.run(report_for(url, since=start,
-                                             windows=report_windows(settings))), fmt)
-    if out is None:
-        click.echo(text, nl=False)
-    else:
+        if out is None:  # written as it is read (click ends a closed pipe quietly)
+            stream_report(url, {fmt: sys.stdout}, since=start, windows=windows)
+            return
         try:
             out.parent.mkdir(parents=True, exist_ok=True)
-            if out.exists() and not out.is_file():  # a device or a pipe: written as it comes
-                out.write_text(text, encoding="utf-8")
-            else:  # a disk that fills up mid-write leaves the previous report whole
-                replace_atomically(out.resolve(), text.encode("utf-8"), mode=_new_file_mode())
+            # a device or a pipe is written as it comes; a disk that fills up mid-write
+            # leaves the previous report whole
+            target = (out.open("w", encoding="utf-8", newline="")
+                      if out.exists() and not out.is_file()
+                      else atomic_text(out.resolve(), mode=_new_file_mode()))
+            with target as sink:
+                stream_report(url, {fmt: sink}, since=start, windows=windows)
         except OSError as exc:  # a folder that cannot be made or written: no traceback
             click.echo(f"hookledger: cannot write {out}: {exc.strerror or exc}", err=True)
             sys.exit(2)
-        click.echo(f"wrote {out}", err=True)
+    click.echo(f"wrote {out}", err=True)
 
 
 def _new_file_mode() -> int:

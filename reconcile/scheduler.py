@@ -18,7 +18,8 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from reconcile.client import ReferenceClient
 from reconcile.metrics import ReconcileMetrics
-from reconcile.report import Windows, write_scheduled_report
+from reconcile.report import Windows
+from reconcile.report_files import write_scheduled_report
 from reconcile.runner import PassResult, Reconciler
 
 log = structlog.get_logger("hookledger.reconcile")

@@ -149,3 +149,23 @@ def test_a_report_written_out_keeps_a_private_files_mode_and_honours_the_umask(
     finally:
         os.umask(before)
     assert stat.S_IMODE(fresh.stat().st_mode) == 0o600
+
+
+def test_a_report_read_only_in_part_ends_quietly(db_url: str, tmp_path: Path) -> None:
+    """Written to standard output as it is read: ``hookledger report | head`` stops the
+    reader early, and the command ends without a traceback."""
+    from tests.test_reconcile_report_stream import seed
+
+    seed(db_url, 1, 4_000)  # far more than a pipe holds
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKLEDGER_")}
+    env.update(HOOKLEDGER_DATABASE_URL=db_url, HOOKLEDGER_HOME=str(tmp_path / "home"))
+    command = subprocess.Popen([sys.executable, "-m", "hookledger", "report", "--format",
+                                "csv"], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    assert command.stdout is not None and command.stderr is not None
+    header = command.stdout.readline()
+    command.stdout.close()
+    errors = command.stderr.read().decode()
+    assert command.wait(timeout=120) == 1
+    assert header.startswith(b"id,kind,service,subject,reference,amount_at_risk")
+    assert "Traceback" not in errors and "Broken pipe" not in errors, errors

@@ -16,7 +16,9 @@ import pytest
 from click.testing import CliRunner
 
 from hookledger.cli import main
-from reconcile.report import Row, Windows, build_report, expired_reports, render, report_for
+from reconcile.report import Row, Windows, build_report
+from reconcile.report_files import expired_reports, report_for
+from reconcile.report_render import render
 from sandbox.faults import FaultSettings
 from sandbox.runner import running_sandbox
 from tests.reconcile_helpers import (
@@ -312,26 +314,21 @@ def test_a_disk_too_full_for_the_report_still_gets_the_expired_ones_removed(
     import errno
     import threading
 
-    from reconcile import report as report_module
+    from reconcile import report_files
     from reconcile.scheduler import ReconcileScheduler
 
     old = tmp_path / "discrepancies-20200101T000000Z.json"
     old.write_text("old")
-    rendered_on: list[str] = []
-    real_render = report_module.render
+    written_on: list[str] = []
 
-    def render(report: object, fmt: str) -> str:
-        rendered_on.append(threading.current_thread().name)
-        return real_render(report, fmt)
-
-    def full_disk(path: Path, data: bytes) -> None:
+    def full_disk(path: Path, **kwargs: object) -> object:
+        written_on.append(threading.current_thread().name)
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(report_module, "render", render)
-    monkeypatch.setattr(report_module, "replace_atomically", full_disk)
+    monkeypatch.setattr(report_files, "atomic_text", full_disk)
     reports = ReconcileScheduler(None, None, interval_s=60, database_url=db_url,
                                  reports_dir=tmp_path, report_interval_s=3600,
                                  report_keep=timedelta(days=30))
     assert asyncio.run(reports.report_once()) is None  # failed, and said so
     assert not old.exists()
-    assert rendered_on and threading.main_thread().name not in rendered_on
+    assert written_on and threading.main_thread().name not in written_on

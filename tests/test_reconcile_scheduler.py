@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 
 from reconcile.client import ReferenceClient
-from reconcile.report import replace_atomically
+from reconcile.report_files import replace_atomically
 from reconcile.runner import PassResult, Reconciler
 from reconcile.scheduler import ReconcileScheduler
 from sandbox.faults import FaultSettings

@@ -13,7 +13,8 @@ import pytest
 import structlog
 
 from hookledger import logs
-from reconcile.report import FORMATS, render, report_for
+from reconcile.report_files import report_for
+from reconcile.report_render import FORMATS, render
 from tests.general_events import encode, general_body
 from tests.live import running_service
 from tests.signing import general_header

@@ -1,0 +1,228 @@
+"""Reports read from the database and written to files, a row at a time.
+
+A scheduled report runs in the service, beside the worker answering webhooks, over a table
+that only grows: every discrepancy ever found, resolved ones included. Held in memory, with
+every format built as one string, 200,000 of them took 600 MB. Here the rows are summed in
+one pass grouped by payment (:class:`reconcile.report.ReportTotals`) and the open ones
+listed in a second, both from server-side cursors in one snapshot, so the totals and the
+list agree and memory stays flat whatever the table holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import os
+import shutil
+import stat
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import IO, Any, TextIO
+
+import psycopg
+import structlog
+
+from reconcile.report import ReportTotals, Row, Windows, build_report, open_item
+from reconcile.report_render import FORMATS, renderer_for
+
+log = structlog.get_logger("hookledger.reconcile")
+
+# rows fetched from the server at a time: a few MB at most, whatever the table holds
+FETCH_ROWS = 2000
+# a report's snapshot is held only while it is written; a writer stuck on a hung disk
+# lets it go (and the rows vacuum is waiting for) after this
+IDLE_IN_TRANSACTION = "60s"
+
+SINCE = "(%(since)s::timestamptz IS NULL OR detected_at >= %(since)s::timestamptz)"
+# grouped by payment, in a fixed order within one (byte order: deterministic, and a sort
+# PostgreSQL does faster than a linguistic one); no text the totals do not need
+TOTALS_SQL = f"""
+SELECT id, kind, service, subject, reference, '', amount_at_risk, status, detected_at,
+       resolved_at
+FROM hookledger_private.discrepancies WHERE {SINCE}
+ORDER BY subject COLLATE "C", reference COLLATE "C", id COLLATE "C"
+"""
+OPEN_SQL = f"""
+SELECT id, kind, service, subject, reference, detail, amount_at_risk, status, detected_at,
+       resolved_at, (facts->>'provider_code')::int
+FROM hookledger_private.discrepancies
+WHERE status = 'open' AND detected_at IS NOT NULL AND {SINCE}
+ORDER BY detected_at, id COLLATE "C"
+"""
+LOAD_SQL = f"""
+SELECT id, kind, service, subject, reference, detail, amount_at_risk, status, detected_at,
+       resolved_at, (facts->>'provider_code')::int
+FROM hookledger_private.discrepancies WHERE {SINCE}
+"""
+
+
+def stream_report(url: str, sinks: Mapping[str, TextIO], *, since: datetime | None = None,
+                  now: datetime | None = None, windows: Windows | None = None) -> int:
+    """Write the report in each sink's format (``{"csv": file, ...}``); the number of open
+    discrepancies listed. Times are in UTC, whatever the server's time zone."""
+    now = now or datetime.now(UTC)
+    params = {"since": since}
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SET TIME ZONE 'UTC'")
+        conn.execute(f"SET idle_in_transaction_session_timeout = '{IDLE_IN_TRANSACTION}'")
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        conn.read_only = True
+        with conn.transaction():
+            totals = ReportTotals(now)
+            for record in _rows(conn, "report_totals", TOTALS_SQL, params):
+                totals.add(Row(*record))
+            summary = totals.summary(since)
+            renderers = {fmt: renderer_for(fmt) for fmt in sinks}
+            for fmt, sink in sinks.items():
+                sink.write(renderers[fmt].head(summary))
+            listed = 0
+            for record in _rows(conn, "report_open", OPEN_SQL, params):
+                item = open_item(Row(*record), now, windows)
+                listed += 1
+                for fmt, sink in sinks.items():
+                    sink.write(renderers[fmt].row(item))
+    for fmt, sink in sinks.items():
+        sink.write(renderers[fmt].tail())
+    return listed
+
+
+def _rows(conn: psycopg.Connection[Any], name: str, sql: str,
+          params: Mapping[str, Any]) -> Iterator[tuple[Any, ...]]:
+    with conn.cursor(name=name) as cursor:
+        cursor.itersize = FETCH_ROWS
+        cursor.execute(sql, params)
+        yield from cursor
+
+
+async def load_rows(url: str, since: datetime | None) -> list[Row]:
+    """Every row in memory: for a small table (the demo, tests), not the service."""
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await conn.execute("SET TIME ZONE 'UTC'")
+        cur = await conn.execute(LOAD_SQL, {"since": since})
+        return [Row(*r) for r in await cur.fetchall()]
+
+
+async def report_for(url: str, *, since: datetime | None = None,
+                     now: datetime | None = None, windows: Windows | None = None
+                     ) -> dict[str, Any]:
+    """The report as a dict in memory (see :func:`load_rows`)."""
+    return build_report(await load_rows(url, since), now=now or datetime.now(UTC),
+                        since=since, windows=windows)
+
+
+STAMP_FORMAT = "%Y%m%dT%H%M%SZ"
+
+
+async def write_scheduled_report(url: str, directory: Path,
+                                  windows: Windows | None = None, *,
+                                  keep: timedelta | None = None) -> list[Path]:
+    """Every format, stamped, plus ``latest.*`` copies, under ``directory``, after the
+    stamped reports older than ``keep`` (None: all kept) are removed.
+
+    In a thread: on the event loop of the worker answering webhooks, a report of 100,000
+    open discrepancies held every delivery for seconds."""
+    return await asyncio.to_thread(write_report_files, url, directory, windows, keep)
+
+
+def write_report_files(url: str, directory: Path, windows: Windows | None = None,
+                       keep: timedelta | None = None) -> list[Path]:
+    """Pruned first: pruned after, a full disk failed the first write and kept every
+    expired report, so the disk the spool and the embedded database share stayed full."""
+    directory.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned(directory)
+    now = datetime.now(UTC)
+    if keep is not None:
+        for name in expired_reports([p.name for p in directory.iterdir()], now, keep):
+            try:
+                (directory / name).unlink()
+            except FileNotFoundError:  # another worker's prune
+                pass
+            except OSError as exc:  # someone else's file, say: the rest are still pruned
+                log.warning("reconcile.report_not_pruned", file=name,
+                            error=exc.strerror or type(exc).__name__)
+    stamp = now.strftime(STAMP_FORMAT)
+    stamped = {fmt: directory / f"discrepancies-{stamp}.{fmt}" for fmt in FORMATS}
+    with contextlib.ExitStack() as files:
+        sinks = {fmt: files.enter_context(atomic_text(path))
+                 for fmt, path in stamped.items()}
+        stream_report(url, sinks, now=now, windows=windows)
+    written = []
+    for fmt, path in stamped.items():
+        latest = directory / f"latest.{fmt}"
+        with path.open("rb") as source, atomic_file(latest) as copy:
+            shutil.copyfileobj(source, copy)
+        written += [path, latest]
+    return written
+
+
+def expired_reports(names: Sequence[str], now: datetime, keep: timedelta) -> list[str]:
+    """The stamped reports among ``names`` written more than ``keep`` before ``now``, by the
+    time in their names. Every format of every interval was kept for ever: four files an
+    hour, on the disk the spool and the embedded database need. ``latest.*`` and anything
+    not named as a stamped report are never expired."""
+    expired = []
+    for name in names:
+        stem, dot, fmt = name.partition(".")
+        if not stem.startswith("discrepancies-") or not dot or fmt not in FORMATS:
+            continue
+        try:
+            written = datetime.strptime(stem.removeprefix("discrepancies-"), STAMP_FORMAT)
+        except ValueError:
+            continue
+        if written.replace(tzinfo=UTC) < now - keep:
+            expired.append(name)
+    return sorted(expired)
+
+
+def _remove_abandoned(directory: Path, older_than_s: float = 3600) -> None:
+    """Temporary files a writer killed mid-write left behind (none is written for long)."""
+    limit = time.time() - older_than_s
+    for leftover in directory.glob(".*.tmp"):
+        with contextlib.suppress(FileNotFoundError):
+            if leftover.stat().st_mtime < limit:
+                leftover.unlink()
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path, *, mode: int = 0o644) -> Iterator[IO[bytes]]:
+    """A file written beside ``path`` under a name of this writer's own, renamed over it
+    once the block ends without an exception (removed if it raises): every worker of a
+    ``serve`` writes the same report names at the same moment, and a shared temporary name
+    let one truncate the file another was about to rename. The file keeps the mode of the
+    one it replaces (a report someone made private stays private), else gets ``mode``."""
+    with contextlib.suppress(FileNotFoundError):
+        mode = stat.S_IMODE(path.stat().st_mode)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.",
+                                         suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as out:
+            yield out
+            out.flush()
+            os.fsync(out.fileno())  # a power cut leaves the old report, never an empty one
+        os.chmod(temporary, mode)  # not mkstemp's 0600
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_text(path: Path, *, mode: int = 0o644) -> Iterator[TextIO]:
+    """:func:`atomic_file` as UTF-8 text, line endings as written (CSV rows end in CRLF)."""
+    with atomic_file(path, mode=mode) as raw:
+        text = io.TextIOWrapper(raw, encoding="utf-8", newline="")
+        try:
+            yield text
+        finally:
+            text.detach()  # flushed; atomic_file syncs, closes and renames (or removes) it
+
+
+def replace_atomically(path: Path, data: bytes, *, mode: int = 0o644) -> None:
+    """``data`` written to ``path`` through :func:`atomic_file`."""
+    with atomic_file(path, mode=mode) as out:
+        out.write(data)
