@@ -17,7 +17,7 @@ ledger event in stream ``chat-media:<media id>`` (source ``media``):
   gave up every media message that arrived during half a minute of outage or rate limiting,
   and nothing ever fetched them again. Those attempts go on at the capped delay, up to
   :data:`OUTAGE_ATTEMPTS` more: about twelve hours at the 300 s cap (the provider's own
-  retry horizon for chat), never for ever, since an unsettled row holds the cursor.
+  retry horizon for chat), never for ever.
 
 The dedupe keys make each outcome idempotent, so two workers (two service processes) racing
 on one media id add one ``fetched`` event and one ``failed`` event per attempt number at most;
@@ -128,29 +128,26 @@ def given_up(failures: int, refusals: int, max_attempts: int) -> bool:
     return refusals >= max_attempts or failures >= max_attempts + OUTAGE_ATTEMPTS
 
 
-def plan(rows: Sequence[Pending], *, after: int, now: datetime, max_attempts: int,
-         base_s: float, cap_s: float) -> tuple[list[Pending], int]:
-    """Pure: the rows due now (one per media id), and the new cursor.
-
-    The cursor moves past the leading run of settled rows (fetched, or given up), so later
-    polls never rescan them; an unsettled row holds it until it settles.
-    """
+def plan(rows: Sequence[Pending], *, now: datetime, max_attempts: int, base_s: float,
+         cap_s: float) -> tuple[list[Pending], dict[int, datetime]]:
+    """Pure: the rows due now (one per media id), and when to look again at each row not
+    settled yet (fetched, or given up), by its position; a settled row is never looked at
+    again. A row due now is looked at again at once, to read what its fetch recorded."""
     due: list[Pending] = []
     seen: set[str] = set()
-    cursor, blocked = after, False
+    again: dict[int, datetime] = {}
     for row in rows:
-        settled = row.fetched or given_up(row.failures, row.refusals, max_attempts)
-        if settled and not blocked:
-            cursor = row.position
+        if row.fetched or given_up(row.failures, row.refusals, max_attempts):
             continue
-        blocked = True
-        if settled or row.media_id in seen:
-            continue
-        seen.add(row.media_id)
-        wait = timedelta(seconds=backoff(row.failures, base_s, cap_s))
-        if row.failures == 0 or row.last_failed_at is None or now >= row.last_failed_at + wait:
+        next_at = now
+        if row.failures and row.last_failed_at is not None:
+            next_at = max(now, row.last_failed_at
+                          + timedelta(seconds=backoff(row.failures, base_s, cap_s)))
+        again[row.position] = next_at
+        if next_at <= now and row.media_id not in seen:
+            seen.add(row.media_id)
             due.append(row)
-    return due, cursor
+    return due, again
 
 
 def fetched_event(row: Pending, stored: StoredMedia, content_type: str,
@@ -195,7 +192,10 @@ class MediaFetcher:
         self._cap_s = retry_cap_s
         self._batch = batch
         self._clock = clock
-        self._cursor = 0
+        # every row up to here has been read once; those not settled then are in _again,
+        # with when to look at them next: a media still being retried holds up nothing else
+        self._read_up_to = 0
+        self._again: dict[int, datetime] = {}
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -216,31 +216,50 @@ class MediaFetcher:
 
     async def _run(self) -> None:
         while not self._stopping.is_set():
+            more = False
             try:
-                await self.run_once()
+                more = await self.poll()
             except Exception as exc:  # noqa: BLE001 - the worker outlives a bad poll
                 log.warning("chat_media.poll_failed", error=type(exc).__name__)
+            if more:  # catching up (after a start, or a burst): the next batch at once
+                await asyncio.sleep(0)
+                continue
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), self._poll_s)
 
-    async def _pending(self) -> list[Pending]:
+    async def _pending(self, again: list[int]) -> list[Pending]:
         async with translated_errors(), self._pool.connection() as conn:
             cur = await conn.execute(load("ingest", "chat_media_pending"), {
-                "after": self._cursor, "kinds": sorted(MEDIA_KINDS), "limit": self._batch})
+                "after": self._read_up_to, "again": again, "kinds": sorted(MEDIA_KINDS),
+                "limit": self._batch})
             rows = await cur.fetchall()
         return [Pending(*row) for row in rows]
 
     async def run_once(self) -> int:
-        """One poll: fetch everything due now. Returns how many outcomes were recorded."""
-        rows = await self._pending()
-        due, self._cursor = plan(rows, after=self._cursor, now=self._clock(),
-                                 max_attempts=self._max_attempts, base_s=self._base_s,
-                                 cap_s=self._cap_s)
+        """One poll: fetch everything due now. Returns how many fetches were made."""
+        return (await self._poll())[0]
+
+    async def poll(self) -> bool:
+        """One poll; whether a full batch of new rows was read (more may be waiting)."""
+        return (await self._poll())[1]
+
+    async def _poll(self) -> tuple[int, bool]:
+        now = self._clock()
+        again = sorted(p for p, at in self._again.items() if at <= now)
+        rows = await self._pending(again)
+        new = [row for row in rows if row.position > self._read_up_to]
+        due, waiting = plan(rows, now=now, max_attempts=self._max_attempts,
+                            base_s=self._base_s, cap_s=self._cap_s)
+        for position in again:  # looked at: settled ones drop out, the rest are timed anew
+            self._again.pop(position, None)
+        self._again.update(waiting)
+        if new:
+            self._read_up_to = new[-1].position
         for row in due:
             if self._stopping.is_set():
                 break
             await self._fetch(row)
-        return len(due)
+        return len(due), len(new) >= self._batch
 
     async def _fetch(self, row: Pending) -> None:
         bound: dict[str, Any] = {"media_id": row.media_id, "attempt": row.failures + 1}

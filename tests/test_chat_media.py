@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ingest.chat_api import ChatApiMalformed, ChatApiRefused, ChatApiUnavailable, parse_envelope
 from ingest.chat_media import OUTAGE_ATTEMPTS, Pending, backoff, plan
@@ -262,6 +264,47 @@ def test_no_api_key_in_media_logs(service: str, sandbox: Sandbox, db_url: str,
     assert API_KEY not in err and SECRET not in err
 
 
+def test_a_media_that_keeps_failing_does_not_keep_later_media_waiting(
+        db_url: str, sandbox: Sandbox, tmp_path: Path) -> None:
+    """Rows were read from a cursor that an unsettled media held, a batch at a time: once a
+    batch behind a media still being retried was all fetched ones, every later media waited
+    until that one settled, which for an outage is twelve hours."""
+    import asyncio
+
+    from psycopg_pool import AsyncConnectionPool
+
+    from ingest.chat_api import ChatApi
+    from ingest.chat_media import MediaFetcher, MediaStore
+    from ledger import LedgerStore
+
+    later = [f"media-later-{i}" for i in range(5)]
+    # the service's own fetcher polls once at start, then not for an hour: this test's runs
+    with running_service(db_url, chat_secrets={PHONE: SECRET}, api_base_url=sandbox.url,
+                         api_key=API_KEY, home=tmp_path, chat_media_poll_s=3600) as base:
+        sandbox.state.set_webhook_url(PHONE, f"{base}/webhooks/chat/{PHONE}")
+        deliver_image(sandbox, "media-never-issued", "wamid.F0", "f-0")  # 404, retried later
+        for i, media_id in enumerate(later):
+            sandbox.state.issue_media(media_id, "image")
+            deliver_image(sandbox, media_id, f"wamid.L{i}", f"l-{i}")
+
+    async def polls() -> None:
+        async with AsyncConnectionPool(db_url, min_size=1, max_size=2, open=False,
+                                       kwargs={"autocommit": True}) as pool:
+            fetcher = MediaFetcher(pool=pool, ledger=LedgerStore(pool),
+                                   api=ChatApi(sandbox.url, API_KEY),
+                                   store=MediaStore(tmp_path), max_attempts=100,
+                                   retry_base_s=3600, batch=2)
+            try:
+                for _ in range(len(later) + 1):
+                    await fetcher.run_once()
+            finally:
+                await fetcher.stop()
+
+    asyncio.run(polls())
+    assert sorted(p["media_id"] for p in fetched(db_url)) == later
+    assert [p["attempt"] for t, _, p in media_events(db_url) if t == "chat.media.failed"] == [1]
+
+
 # -- pure parts ----------------------------------------------------------------------------
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -274,23 +317,42 @@ def pending(position: int, media_id: str, *, fetched: bool = False, failures: in
                    failures if refusals is None else refusals)
 
 
-def test_plan_skips_settled_rows_waits_for_backoff_and_holds_the_cursor() -> None:
+def test_plan_skips_settled_rows_waits_for_backoff_and_times_the_rest() -> None:
     rows_ = [pending(1, "a", fetched=True), pending(2, "b", failures=3, ago_s=1),
              pending(3, "c", failures=1, ago_s=0.5), pending(4, "d"),
              pending(5, "d"), pending(6, "e", failures=2, ago_s=10)]
-    due, cursor = plan(rows_, after=0, now=NOW, max_attempts=3, base_s=1, cap_s=60)
+    due, again = plan(rows_, now=NOW, max_attempts=3, base_s=1, cap_s=60)
     assert [r.media_id for r in due] == ["d", "e"]  # c waits 1 s after its first failure
-    assert cursor == 2  # past a (fetched) and b (given up); c holds it
+    # a (fetched) and b (given up) are never looked at again; c when its wait is over;
+    # d's two messages and e at once, to read what their fetch recorded
+    assert again == {3: NOW + timedelta(seconds=0.5), 4: NOW, 5: NOW, 6: NOW}
 
 
 def test_plan_never_gives_up_media_for_failures_that_said_nothing_about_it() -> None:
     """Attempts the API could not answer are retried at the capped delay, however many."""
     waited_out = pending(1, "a", failures=7, refusals=1, ago_s=60)
-    due, cursor = plan([waited_out], after=0, now=NOW, max_attempts=3, base_s=1, cap_s=60)
-    assert (due, cursor) == ([waited_out], 0)
-    # but not for ever: an unsettled row holds the cursor, and the rows after it wait
+    due, again = plan([waited_out], now=NOW, max_attempts=3, base_s=1, cap_s=60)
+    assert (due, again) == ([waited_out], {1: NOW})
+    # but not for ever
     outlasted = pending(1, "a", failures=3 + OUTAGE_ATTEMPTS, refusals=0, ago_s=600)
-    assert plan([outlasted], after=0, now=NOW, max_attempts=3, base_s=1, cap_s=60) == ([], 1)
+    assert plan([outlasted], now=NOW, max_attempts=3, base_s=1, cap_s=60) == ([], {})
+
+
+@given(st.lists(st.builds(
+    pending, st.integers(1, 40), st.sampled_from(["a", "b", "c"]), fetched=st.booleans(),
+    failures=st.integers(0, 200), ago_s=st.none() | st.floats(0, 10_000),
+    refusals=st.none() | st.integers(0, 5)), max_size=30, unique_by=lambda r: r.position))
+def test_plan_fetches_each_media_once_and_never_loses_an_unsettled_row(
+        rows_: list[Pending]) -> None:
+    """Whatever the rows: nothing settled is fetched or looked at again, one fetch per
+    media id, and every row not settled is looked at again, never before now."""
+    due, again = plan(rows_, now=NOW, max_attempts=3, base_s=1, cap_s=60)
+    settled = {r.position for r in rows_ if r.fetched or r.refusals >= 3
+               or r.failures >= 3 + OUTAGE_ATTEMPTS}
+    assert set(again) == {r.position for r in rows_} - settled
+    assert all(at >= NOW for at in again.values())
+    assert len({r.media_id for r in due}) == len(due)
+    assert all(r.position not in settled and again[r.position] == NOW for r in due)
 
 
 def test_the_backoff_stays_at_its_cap_however_many_failures() -> None:

@@ -1,5 +1,7 @@
--- Received media messages after a position, each with the outcomes recorded so far for its
--- media id (its stream ``chat-media:<id>``, found through the (stream, position) index).
+-- Received media messages looked at again (``again``: positions already read, all at or
+-- before ``after``, so first in order and never cut off by the limit) and up to ``limit``
+-- new ones after ``after``, each with the outcomes recorded so far for its media id (its
+-- stream ``chat-media:<id>``, found through the (stream, position) index).
 SELECT r.position,
        r.facts->>'media_id' AS media_id,
        r.facts->>'message_id' AS message_id,
@@ -23,8 +25,8 @@ CROSS JOIN LATERAL (
     WHERE e.stream = 'chat-media:' || (r.facts->>'media_id')
 ) o
 WHERE r.event_type = 'chat.message.received'
-  AND r.position > %(after)s
+  AND (r.position > %(after)s OR r.position = ANY(%(again)s::bigint[]))
   AND r.facts->>'media_id' IS NOT NULL
   AND r.facts->>'message_type' = ANY(%(kinds)s)
 ORDER BY r.position
-LIMIT %(limit)s
+LIMIT %(limit)s + cardinality(%(again)s::bigint[])
