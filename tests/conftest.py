@@ -15,13 +15,27 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 from psycopg_pool import AsyncConnectionPool
 
-from hookledger import migrate
+from hookledger import logs, migrate
 from hookledger.embedded_postgres import EmbeddedPostgres
 from tests.dbutil import create_database, drop_database, unique_name, with_database
 
 FAST_TEST_SERVER = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
+
+
+@pytest.fixture(autouse=True)
+def _uncached_cli_logging(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The command line configures structlog for its process with loggers cached on first
+    use (right for a process that configures logging once). In the one test process, a
+    command run through CliRunner pinned each module logger it used to that configuration,
+    and a later test's own (JSON to a captured stderr, say) never reached them: whether a
+    log assertion passed depended on which tests ran before it."""
+    real = logs.configure
+    monkeypatch.setattr(logs, "configure", lambda **kw: real(**{**kw, "cache": False}))
+    yield
+    structlog.reset_defaults()
 
 
 @pytest.fixture(scope="session")

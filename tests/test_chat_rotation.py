@@ -21,11 +21,9 @@ from typing import Any
 
 import httpx
 import pytest
-import structlog
 from click.testing import CliRunner
 from starlette.requests import Request
 
-from hookledger import logs
 from hookledger.cli import main
 from ingest.chat_rotation import (
     ChatOps,
@@ -73,16 +71,6 @@ def service(db_url: str, sandbox: Sandbox, tmp_path: Path) -> Iterator[str]:
                          home=tmp_path) as base:
         sandbox.state.set_webhook_url(PHONE, f"{base}/webhooks/chat/{PHONE}")
         yield base
-
-
-@pytest.fixture(autouse=True)
-def _uncached_cli_logging(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The CLI configures structlog for its process with cached loggers; in a test process
-    that would pin module loggers to it for later tests, so configure without the cache."""
-    real = logs.configure
-    monkeypatch.setattr(logs, "configure", lambda **kw: real(**{**kw, "cache": False}))
-    yield
-    structlog.reset_defaults()
 
 
 def admin_rotate(base: str, phone: str = PHONE, token: str = ADMIN_TOKEN) -> httpx.Response:
