@@ -20,7 +20,7 @@ from hookledger import migrate
 from hookledger.database import database
 from hookledger.settings import Settings
 from reconcile.errors import ReconcileError
-from reconcile.report_files import atomic_text, stream_report
+from reconcile.report_files import atomic_text, spooled, stream_report
 from reconcile.report_render import FORMATS
 
 SKIPPED_EXIT = 3  # `reconcile` found another pass running and checked nothing
@@ -83,18 +83,19 @@ def report_command(fmt: str, since: str | None, out: Path | None) -> None:
     windows = report_windows(settings)
     with database(settings) as url:
         migrate.upgrade(url)
-        if out is None:  # written as it is read (click ends a closed pipe quietly)
-            stream_report(url, {fmt: sys.stdout}, since=start, windows=windows)
+        if out is None:  # (click ends a closed pipe quietly)
+            with spooled(sys.stdout) as sink:
+                stream_report(url, {fmt: sink}, since=start, windows=windows)
             return
         try:
             out.parent.mkdir(parents=True, exist_ok=True)
-            # a device or a pipe is written as it comes; a disk that fills up mid-write
-            # leaves the previous report whole
-            target = (out.open("w", encoding="utf-8", newline="")
-                      if out.exists() and not out.is_file()
-                      else atomic_text(out.resolve(), mode=_new_file_mode()))
-            with target as sink:
-                stream_report(url, {fmt: sink}, since=start, windows=windows)
+            if out.exists() and not out.is_file():  # a device or a pipe: no rename
+                with out.open("w", encoding="utf-8", newline="") as device, \
+                        spooled(device) as sink:
+                    stream_report(url, {fmt: sink}, since=start, windows=windows)
+            else:  # a disk that fills up mid-write leaves the previous report whole
+                with atomic_text(out.resolve(), mode=_new_file_mode()) as sink:
+                    stream_report(url, {fmt: sink}, since=start, windows=windows)
         except OSError as exc:  # a folder that cannot be made or written: no traceback
             click.echo(f"hookledger: cannot write {out}: {exc.strerror or exc}", err=True)
             sys.exit(2)

@@ -63,8 +63,10 @@ FROM hookledger_private.discrepancies WHERE {SINCE}
 def stream_report(url: str, sinks: Mapping[str, TextIO], *, since: datetime | None = None,
                   now: datetime | None = None, windows: Windows | None = None) -> int:
     """Write the report in each sink's format (``{"csv": file, ...}``); the number of open
-    discrepancies listed. Times are in UTC, whatever the server's time zone."""
-    now = now or datetime.now(UTC)
+    discrepancies listed. Times are in UTC, whatever the server's time zone.
+
+    The sinks are written while the snapshot is open, which lets go of it after a minute
+    idle: give files, not a reader that may stop (a pager; see :func:`spooled`)."""
     params = {"since": since}
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("SET TIME ZONE 'UTC'")
@@ -72,6 +74,8 @@ def stream_report(url: str, sinks: Mapping[str, TextIO], *, since: datetime | No
         conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         conn.read_only = True
         with conn.transaction():
+            conn.execute("SELECT 1")  # the snapshot, taken now: no row is newer than `now`
+            now = now or datetime.now(UTC)
             totals = ReportTotals(now)
             for record in _rows(conn, "report_totals", TOTALS_SQL, params):
                 totals.add(Row(*record))
@@ -88,6 +92,17 @@ def stream_report(url: str, sinks: Mapping[str, TextIO], *, since: datetime | No
     for fmt, sink in sinks.items():
         sink.write(renderers[fmt].tail())
     return listed
+
+
+@contextlib.contextmanager
+def spooled(out: TextIO) -> Iterator[TextIO]:
+    """A temporary file for the report, copied to ``out`` once it is whole: a reader of
+    standard output that pauses (a pager) paused the writer, and after a minute the server
+    ended the report's snapshot, and the report with a traceback, half written."""
+    with tempfile.TemporaryFile("w+", encoding="utf-8", newline="") as spool:
+        yield spool
+        spool.seek(0)
+        shutil.copyfileobj(spool, out)
 
 
 def _rows(conn: psycopg.Connection[Any], name: str, sql: str,

@@ -169,3 +169,35 @@ def test_a_report_read_only_in_part_ends_quietly(db_url: str, tmp_path: Path) ->
     assert command.wait(timeout=120) == 1
     assert header.startswith(b"id,kind,service,subject,reference,amount_at_risk")
     assert "Traceback" not in errors and "Broken pipe" not in errors, errors
+
+
+def test_a_report_to_a_reader_that_pauses_holds_no_snapshot_meanwhile(
+        db_url: str, tmp_path: Path) -> None:
+    """Written to standard output while its snapshot was open, a report read by a pager
+    that paused for a minute was cut off by the server (idle in transaction), half written,
+    with a traceback; and meanwhile it held back vacuum. It is whole before it is copied."""
+    import time
+
+    from tests.reconcile_helpers import rows
+    from tests.test_reconcile_report_stream import seed
+
+    seed(db_url, 1, 4_000)  # far more than a pipe holds
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKLEDGER_")}
+    env.update(HOOKLEDGER_DATABASE_URL=db_url, HOOKLEDGER_HOME=str(tmp_path / "home"))
+    command = subprocess.Popen([sys.executable, "-m", "hookledger", "report", "--format",
+                                "csv"], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL)
+    assert command.stdout is not None
+    try:
+        deadline = time.monotonic() + 60
+        while "pipe_write" not in Path(f"/proc/{command.pid}/wchan").read_text():
+            assert command.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        # the reader pauses here, the writer waits on the full pipe: with what open?
+        held = rows(db_url, "SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                            "current_database() AND state LIKE 'idle in transaction%%'")
+    finally:
+        written = command.stdout.read()
+        command.wait(timeout=60)
+    assert held == [(0,)]
+    assert command.returncode == 0 and written.count(b"\r\n") == 2_001
