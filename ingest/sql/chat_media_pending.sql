@@ -1,7 +1,9 @@
--- Received media messages looked at again (``again``: positions already read, all at or
--- before ``after``, so first in order and never cut off by the limit) and up to ``limit``
--- new ones after ``after``, each with the outcomes recorded so far for its media id (its
--- stream ``chat-media:<id>``, found through the (stream, position) index).
+-- Received media messages looked at again (``again``: positions already read) and up to
+-- ``limit`` new ones after ``after``, each with the outcomes recorded so far for its media
+-- id (its stream ``chat-media:<id>``, found through the (stream, position) index).
+-- Two branches, not one ``position > after OR position = ANY(again)``: with the OR the
+-- scan of new rows no longer starts at ``after`` in the primary key, and every poll (with
+-- a prepared, generic plan) read the ledger from its first position.
 SELECT r.position,
        r.facts->>'media_id' AS media_id,
        r.facts->>'message_id' AS message_id,
@@ -10,7 +12,20 @@ SELECT r.position,
        o.failures,
        o.last_failed_at,
        o.refusals
-FROM hookledger_private.ledger_events r
+FROM (
+    (SELECT position, facts
+     FROM hookledger_private.ledger_events
+     WHERE position = ANY(%(again)s::bigint[]))  -- rows read before: media messages
+    UNION ALL
+    (SELECT position, facts
+     FROM hookledger_private.ledger_events
+     WHERE event_type = 'chat.message.received'
+       AND position > %(after)s
+       AND facts->>'media_id' IS NOT NULL
+       AND facts->>'message_type' = ANY(%(kinds)s)
+     ORDER BY position
+     LIMIT %(limit)s)
+) r
 CROSS JOIN LATERAL (
     SELECT coalesce(bool_or(e.event_type = 'chat.media.fetched'), false) AS fetched,
            count(*) FILTER (WHERE e.event_type = 'chat.media.failed') AS failures,
@@ -24,9 +39,4 @@ CROSS JOIN LATERAL (
     FROM hookledger_private.ledger_events e
     WHERE e.stream = 'chat-media:' || (r.facts->>'media_id')
 ) o
-WHERE r.event_type = 'chat.message.received'
-  AND (r.position > %(after)s OR r.position = ANY(%(again)s::bigint[]))
-  AND r.facts->>'media_id' IS NOT NULL
-  AND r.facts->>'message_type' = ANY(%(kinds)s)
 ORDER BY r.position
-LIMIT %(limit)s + cardinality(%(again)s::bigint[])
