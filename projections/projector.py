@@ -378,12 +378,14 @@ async def lock_checkpoint(conn: Connection, *, wait_s: float | None = None) -> i
     return min((await lock_checkpoints(conn, wait_s=wait_s)).values(), default=0)
 
 
-async def move_checkpoint(conn: Connection, position: int) -> None:
-    """Every projection is folded up to ``position`` now; one already past it stays."""
+async def move_checkpoint(conn: Connection, position: int,
+                          names: Sequence[str] = CHECKPOINT_NAMES) -> None:
+    """The projections ``names`` (every one by default) are folded up to ``position`` now;
+    one already past it stays."""
     await conn.execute(
         "UPDATE hookledger_private.projection_checkpoints "
         "SET position = greatest(position, %s), updated_at = now() "
-        "WHERE name = ANY(%s)", (position, CHECKPOINT_NAMES))
+        "WHERE name = ANY(%s)", (position, list(names)))
 
 
 async def project_batch(conn: Connection, *, batch_size: int = 1000, emit: bool = True,
@@ -398,13 +400,16 @@ async def project_batch(conn: Connection, *, batch_size: int = 1000, emit: bool 
         await ready_for_folding(conn)
     async with conn.transaction():
         positions = await lock_checkpoints(conn, wait_s=lock_wait_s)
-        after = min(positions.values(), default=0)
+        # the projections folded here (one without a checkpoint row is left out, as ever)
+        after = min((positions[p.table] for p in projections if p.table in positions),
+                    default=0)
         events = await read_in(conn, after, batch_size, facts_only=True)
         if not events:
             return 0
         findings = await apply_events(conn, events, projections=projections,
                                       past=positions)
-        await move_checkpoint(conn, events[-1].position)
+        # only the projections folded: another's checkpoint moved would skip these events
+        await move_checkpoint(conn, events[-1].position, [p.table for p in projections])
         if emit and findings:
             now = datetime.now(UTC)
             await append_in(conn, [discrepancy_event(f, now) for f in findings])
