@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import io
 import os
 import shutil
@@ -134,13 +135,34 @@ STAMP_FORMAT = "%Y%m%dT%H%M%SZ"
 
 async def write_scheduled_report(url: str, directory: Path,
                                   windows: Windows | None = None, *,
-                                  keep: timedelta | None = None) -> list[Path]:
+                                  keep: timedelta | None = None,
+                                  interval: timedelta | None = None) -> list[Path]:
     """Every format, stamped, plus ``latest.*`` copies, under ``directory``, after the
-    stamped reports older than ``keep`` (None: all kept) are removed.
+    stamped reports older than ``keep`` (None: all kept) are removed; nothing (an empty
+    list) when another process is writing them, or wrote them less than half of
+    ``interval`` ago: every worker of a ``serve`` runs the schedule, and each read the
+    whole table and wrote the whole report beside the others.
 
     In a thread: on the event loop of the worker answering webhooks, a report of 100,000
     open discrepancies held every delivery for seconds."""
-    return await asyncio.to_thread(write_report_files, url, directory, windows, keep)
+    return await asyncio.to_thread(_write_once, url, directory, windows, keep, interval)
+
+
+def _write_once(url: str, directory: Path, windows: Windows | None,
+                keep: timedelta | None, interval: timedelta | None) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    with (directory / ".writing.lock").open("a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # let go when the file closes
+        except BlockingIOError:
+            log.info("reconcile.report_skipped", reason="another process is writing it")
+            return []
+        latest = directory / "latest.json"
+        if interval is not None and latest.exists() and (
+                time.time() - latest.stat().st_mtime < interval.total_seconds() / 2):
+            log.info("reconcile.report_skipped", reason="written this interval")
+            return []
+        return write_report_files(url, directory, windows, keep)
 
 
 def write_report_files(url: str, directory: Path, windows: Windows | None = None,

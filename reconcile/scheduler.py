@@ -42,6 +42,8 @@ class ReconcileScheduler:
         self._metrics = metrics
         self._url = database_url
         self._reports_dir = reports_dir
+        self._report_interval = (timedelta(seconds=report_interval_s)
+                                 if report_interval_s > 0 else None)
         self.scheduler = AsyncIOScheduler(timezone=UTC)
         if reconciler is not None:
             first = datetime.now(UTC) + timedelta(seconds=min(interval_s, 5))
@@ -86,7 +88,8 @@ class ReconcileScheduler:
         assert self._reports_dir is not None
         try:
             return await write_scheduled_report(self._url, self._reports_dir, self._windows,
-                                                keep=self._report_keep)
+                                                keep=self._report_keep,
+                                                interval=self._report_interval)
         except Exception as exc:  # noqa: BLE001
             log.error("reconcile.report_failed", error=type(exc).__name__,
                       cause=getattr(exc, "strerror", None))  # "No space left on device"

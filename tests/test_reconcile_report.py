@@ -8,6 +8,7 @@ import io
 import json
 import os
 import re
+import time
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -301,6 +302,8 @@ def test_scheduled_reports_older_than_the_keep_time_are_removed(db_url: str,
 
     asyncio.run(write(None))  # 0: kept for ever
     assert old.exists()
+    an_interval_ago = time.time() - 3600
+    os.utime(tmp_path / "latest.json", (an_interval_ago, an_interval_ago))  # next interval
     written = asyncio.run(write(timedelta(days=30)))
     assert not old.exists() and mine.exists()
     assert all(path.exists() for path in written) and len(written) == 8

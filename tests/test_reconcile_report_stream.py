@@ -126,3 +126,25 @@ def test_the_files_written_from_the_database_are_the_report_built_in_memory(
     assert render(expected, "json") == json.dumps(expected, indent=2, ensure_ascii=False) + "\n"
     for fmt in FORMATS:
         assert read(directory / f"latest.{fmt}") == render(expected, fmt), fmt
+
+
+def test_workers_sharing_a_home_write_each_scheduled_report_once(
+        db_url: str, tmp_path: Path) -> None:
+    """Every worker of a ``serve`` ran the report schedule: each interval every one of them
+    read the whole table and wrote the whole report again, beside the others."""
+    from reconcile.scheduler import ReconcileScheduler
+
+    seed(db_url, 1, 2_000)
+
+    def worker() -> ReconcileScheduler:
+        return ReconcileScheduler(None, None, interval_s=60, database_url=db_url,
+                                  reports_dir=tmp_path, report_interval_s=3600)
+
+    async def two_workers_at_once() -> list[object]:
+        return list(await asyncio.gather(worker().report_once(), worker().report_once()))
+
+    results = asyncio.run(two_workers_at_once())
+    assert sorted(bool(r) for r in results) == [False, True]
+    # and one whose clock fires a moment later finds this interval's report written
+    assert not asyncio.run(worker().report_once())
+    assert len(list(tmp_path.glob("discrepancies-*"))) == len(FORMATS)
