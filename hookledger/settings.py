@@ -131,6 +131,7 @@ class Settings(BaseSettings):
     chat_webhook_field: str = Field(default="webhookUrl", min_length=1)
     chat_error_causes: Annotated[dict[str, int], NoDecode] = Field(default_factory=dict)
     chat_api_timeout_s: float = Field(default=10.0, gt=0)
+    chat_media: bool = True  # off: this process fetches no media (another one does)
     chat_media_poll_s: float = Field(default=2.0, gt=0)
     chat_media_max_attempts: int = Field(default=5, gt=0)
     chat_media_retry_base_s: float = Field(default=2.0, ge=0)

@@ -264,6 +264,24 @@ def test_no_api_key_in_media_logs(service: str, sandbox: Sandbox, db_url: str,
     assert API_KEY not in err and SECRET not in err
 
 
+def test_a_process_with_media_off_fetches_none(db_url: str, sandbox: Sandbox,
+                                              tmp_path: Path) -> None:
+    """Processes on several machines each stored the media they fetched in their own home:
+    with ``HOOKLEDGER_CHAT_MEDIA=off`` on all but one, every media lands in one place."""
+    sandbox.state.issue_media("media-elsewhere", "image")
+    with running_service(db_url, chat_secrets={PHONE: SECRET}, api_base_url=sandbox.url,
+                         api_key=API_KEY, home=tmp_path, chat_media=False,
+                         chat_media_poll_s=0.05) as base:
+        sandbox.state.set_webhook_url(PHONE, f"{base}/webhooks/chat/{PHONE}")
+        deliver_image(sandbox, "media-elsewhere", "wamid.E1", "e-1")
+        time.sleep(1.0)  # twenty polls, had there been a fetcher
+        assert media_events(db_url) == []
+    with running_service(db_url, chat_secrets={PHONE: SECRET}, api_base_url=sandbox.url,
+                         api_key=API_KEY, home=tmp_path / "fetcher", chat_media_poll_s=0.05):
+        [event] = wait_for(lambda: fetched(db_url))
+    assert (tmp_path / "fetcher" / event["path"]).exists()
+
+
 def test_a_media_that_keeps_failing_does_not_keep_later_media_waiting(
         db_url: str, sandbox: Sandbox, tmp_path: Path) -> None:
     """Rows were read from a cursor that an unsettled media held, a batch at a time: once a
