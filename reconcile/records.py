@@ -117,7 +117,8 @@ class ProviderRecord:
         nothing; the event and the code, when either is there, speak for the record (and
         must agree), otherwise ``service`` and ``type`` do."""
         family = (self.event or "").partition(".")[0].strip().casefold()
-        digit = self.code // 1000 % 10 if self.code and 90000 <= self.code <= 99999 else 0
+        digit = (self.code // 1000 % 10
+                 if self.code and EVENT_CODES[0] <= self.code <= EVENT_CODES[1] else 0)
         named = [("event", self.event, KINDS_OF_EVENT_FAMILY.get(family)),
                  ("code", self.code, KINDS_OF_CODE_SERVICE.get(digit))]
         strong: list[tuple[str, object, frozenset[str] | None]] = [
@@ -139,12 +140,18 @@ class ProviderRecord:
                 "type": self.type, "timestamp": self.timestamp, "outcome": self.outcome}
 
 
+EVENT_CODES = (90000, 99999)  # the spec's "9 S OO (five digits)"
+
+
 def record_outcome(event: str | None, code: int | None, status: str | None) -> Outcome:
     """The code's band first (``code % 100 >= 50`` is a failure); then the event, read as a
     webhook's is (:func:`ingest.codes.outcome`, so that the same fields never give the two
     paths different answers); then a listed code's own event (91010 is a refund whatever
     word the operator used); only then the status word, which is the operator's verbatim and
-    can never be listed in full."""
+    can never be listed in full. Only a five-digit webhook event code (9 S OO) is read: the
+    band is theirs, and another code a record carries (an operator's) says nothing here."""
+    if code is not None and not EVENT_CODES[0] <= code <= EVENT_CODES[1]:
+        code = None
     if code is not None and is_failure_code(code):
         return "failure"
     if event in PAYMENT_EVENTS:
