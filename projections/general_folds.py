@@ -406,12 +406,28 @@ INVOICE_FIELDS = ("amount_paid", "amount_due", "total", "currency", "due_date", 
 
 
 def _invoice_order(event: StoredEvent, paid: Decimal | None) -> list[Any]:
-    """An invoice event's place among its invoice's: by the provider's time, then by money
-    received (it only grows), then rank, then dedupe key, then position."""
-    return [event.occurred_at.timestamp() if event.occurred_at else 0.0,
+    """An invoice event's place among its invoice's: by the provider's time, then a refund
+    after everything else in its second (it can only follow the payment it refunds, and
+    by money received it sorted first, leaving a refunded invoice paid), then by money
+    received (which only a refund takes back), then rank, then dedupe key, then position."""
+    refund = int(event.event_type in PAYMENT_RANK and event.facts.get("outcome") == "refunded")
+    return [event.occurred_at.timestamp() if event.occurred_at else 0.0, refund,
             str(paid if paid is not None else -1),
             INVOICE_RANK.get(event.event_type, INVOICE_RANK["payment.confirmed"]),
             tiebreak(event.dedupe_key), event.position]
+
+
+def _current_mark(mark: list[Any]) -> list[Any] | None:
+    """A mark in the current shape (time, refund, money received, rank, dedupe key,
+    position). Rows folded before kept marks without the refund (taken as none) and, before
+    that, without the dedupe key (ranking below every tie); None for a rank-first mark of
+    an older shape still, which any event may replace (as ``hookledger rebuild`` would)."""
+    if len(mark) == 6 and isinstance(mark[2], str):
+        return list(mark)
+    if len(mark) in (4, 5) and isinstance(mark[1], str):
+        keyed = mark if len(mark) == 5 else [*mark[:3], OLD_TIEBREAK, mark[3]]
+        return [keyed[0], 0, *keyed[1:]]
+    return None
 
 
 def _invoice_values(event: StoredEvent, block: dict[str, Any]) -> dict[str, Any]:
@@ -451,9 +467,7 @@ def _held_mark(marks: dict[str, Any], name: str) -> list[Any] | None:
     it: none yet, or a rank-first mark of the shape rows kept before (the next event
     giving the field replaces it, as ``hookledger rebuild`` would)."""
     held = marks.get(name)
-    if held is None or len(held) not in (4, 5) or not isinstance(held[1], str):
-        return None
-    return list(held)
+    return None if held is None else _current_mark(held)
 
 
 CANCELLED_WORDS = frozenset({"CANCELLED", "CANCELED"})
@@ -526,9 +540,15 @@ def fold_invoice(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrep
 
 
 def _block_newer(candidate: list[Any], held: list[Any]) -> bool:
-    """``held`` may be of the shape folded before the dedupe key was in it, which ranks
-    below every tied key until ``hookledger rebuild`` refolds it."""
-    if len(held) == 4:
-        held = [*held[:3], OLD_TIEBREAK, held[3]]
-    return (candidate[0], Decimal(candidate[1]), candidate[2], candidate[3], candidate[4]) > (
-        held[0], Decimal(held[1]), held[2], held[3], held[4])
+    """Whether the event of order ``candidate`` comes after the one ``held`` marks, which
+    may be of a shape rows kept before (:func:`_current_mark`)."""
+    current = _current_mark(held)
+    if current is None:
+        return True
+
+    def comparable(mark: list[Any]) -> tuple[Any, ...]:
+        return (mark[0], mark[1], Decimal(mark[2]), *mark[3:])
+
+    return comparable(candidate) > comparable(current)
+
+
