@@ -64,7 +64,8 @@ FROM hookledger_private.discrepancies WHERE {SINCE}
 def stream_report(url: str, sinks: Mapping[str, TextIO], *, since: datetime | None = None,
                   now: datetime | None = None, windows: Windows | None = None) -> int:
     """Write the report in each sink's format (``{"csv": file, ...}``); the number of open
-    discrepancies listed. Times are in UTC, whatever the server's time zone.
+    discrepancies listed. Times are in UTC, whatever the server's time zone; ages count
+    from ``now``, by default the moment the snapshot is taken (so none is negative).
 
     The sinks are written while the snapshot is open, which lets go of it after a minute
     idle: give files, not a reader that may stop (a pager; see :func:`spooled`)."""
@@ -75,7 +76,7 @@ def stream_report(url: str, sinks: Mapping[str, TextIO], *, since: datetime | No
         conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         conn.read_only = True
         with conn.transaction():
-            conn.execute("SELECT 1")  # the snapshot, taken now: no row is newer than `now`
+            conn.execute("SELECT 1")  # the snapshot: no row it shows is newer than this
             now = now or datetime.now(UTC)
             totals = ReportTotals(now)
             for record in _rows(conn, "report_totals", TOTALS_SQL, params):
@@ -104,6 +105,7 @@ def spooled(out: TextIO) -> Iterator[TextIO]:
         yield spool
         spool.seek(0)
         shutil.copyfileobj(spool, out)
+        out.flush()  # here, not at exit: a reader gone by then is an error Python prints
 
 
 def _rows(conn: psycopg.Connection[Any], name: str, sql: str,
@@ -157,12 +159,23 @@ def _write_once(url: str, directory: Path, windows: Windows | None,
         except BlockingIOError:
             log.info("reconcile.report_skipped", reason="another process is writing it")
             return []
-        latest = directory / "latest.json"
-        if interval is not None and latest.exists() and (
-                time.time() - latest.stat().st_mtime < interval.total_seconds() / 2):
+        began = last_report_began(directory)
+        if interval is not None and began is not None and (
+                datetime.now(UTC) - began < interval / 2):
             log.info("reconcile.report_skipped", reason="written this interval")
             return []
         return write_report_files(url, directory, windows, keep)
+
+
+def last_report_began(directory: Path) -> datetime | None:
+    """When the newest stamped report began, by the time in its name (a report that took
+    long finished late: counted from then, a lone worker skipped every other interval)."""
+    stamps = []
+    for path in directory.glob("discrepancies-*.json"):
+        with contextlib.suppress(ValueError):
+            stamps.append(datetime.strptime(path.name.removeprefix("discrepancies-")
+                                            .removesuffix(".json"), STAMP_FORMAT))
+    return max(stamps).replace(tzinfo=UTC) if stamps else None
 
 
 def write_report_files(url: str, directory: Path, windows: Windows | None = None,
@@ -186,7 +199,7 @@ def write_report_files(url: str, directory: Path, windows: Windows | None = None
     with contextlib.ExitStack() as files:
         sinks = {fmt: files.enter_context(atomic_text(path))
                  for fmt, path in stamped.items()}
-        stream_report(url, sinks, now=now, windows=windows)
+        stream_report(url, sinks, windows=windows)  # its own now, once its snapshot is
     written = []
     for fmt, path in stamped.items():
         latest = directory / f"latest.{fmt}"

@@ -171,14 +171,40 @@ def test_a_report_read_only_in_part_ends_quietly(db_url: str, tmp_path: Path) ->
     assert "Traceback" not in errors and "Broken pipe" not in errors, errors
 
 
+def test_a_report_whose_reader_is_gone_before_it_is_written_ends_quietly(
+        db_url: str, tmp_path: Path) -> None:
+    """A report small enough to sit in standard output's buffer was written only at the
+    interpreter's exit, past click's handling of a closed pipe: with the reader gone
+    (``| true``), Python printed an ignored BrokenPipeError and exited 120."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("HOOKLEDGER_") and k != "PYTHONUNBUFFERED"}
+    env.update(HOOKLEDGER_DATABASE_URL=db_url, HOOKLEDGER_HOME=str(tmp_path / "home"))
+    command = subprocess.Popen([sys.executable, "-m", "hookledger", "report", "--format",
+                                "md"], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    assert command.stdout is not None and command.stderr is not None
+    command.stdout.close()  # long before the command has written anything
+    errors = command.stderr.read().decode()
+    assert command.wait(timeout=120) == 1, errors
+    assert "Traceback" not in errors and "BrokenPipe" not in errors, errors
+
+
 def test_a_report_to_a_reader_that_pauses_holds_no_snapshot_meanwhile(
         db_url: str, tmp_path: Path) -> None:
     """Written to standard output while its snapshot was open, a report read by a pager
     that paused for a minute was cut off by the server (idle in transaction), half written,
     with a traceback; and meanwhile it held back vacuum. It is whole before it is copied."""
+    import array
+    import fcntl
+    import termios
     import time
 
     from tests.reconcile_helpers import rows
+
+    def queued(fd: int) -> int:
+        size = array.array("i", [0])
+        fcntl.ioctl(fd, termios.FIONREAD, size)
+        return size[0]
     from tests.test_reconcile_report_stream import seed
 
     seed(db_url, 1, 4_000)  # far more than a pipe holds
@@ -190,9 +216,15 @@ def test_a_report_to_a_reader_that_pauses_holds_no_snapshot_meanwhile(
     assert command.stdout is not None
     try:
         deadline = time.monotonic() + 60
-        while "pipe_write" not in Path(f"/proc/{command.pid}/wchan").read_text():
+        capacity = fcntl.fcntl(command.stdout.fileno(), fcntl.F_GETPIPE_SZ)
+        before = -1
+        while True:  # until the pipe is mostly full and nothing more comes: the writer waits
+            now = queued(command.stdout.fileno())
+            if now == before and now > capacity // 2:
+                break
             assert command.poll() is None and time.monotonic() < deadline
-            time.sleep(0.02)
+            before = now
+            time.sleep(0.2)
         # the reader pauses here, the writer waits on the full pipe: with what open?
         held = rows(db_url, "SELECT count(*) FROM pg_stat_activity WHERE datname = "
                             "current_database() AND state LIKE 'idle in transaction%%'")

@@ -8,7 +8,6 @@ import io
 import json
 import os
 import re
-import time
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -300,10 +299,12 @@ def test_scheduled_reports_older_than_the_keep_time_are_removed(db_url: str,
                                      report_keep=keep)
         return list(await reports.report_once())
 
-    asyncio.run(write(None))  # 0: kept for ever
+    first = asyncio.run(write(None))  # 0: kept for ever
     assert old.exists()
-    an_interval_ago = time.time() - 3600
-    os.utime(tmp_path / "latest.json", (an_interval_ago, an_interval_ago))  # next interval
+    an_interval_ago = (datetime.now(UTC) - timedelta(hours=1)).strftime("%Y%m%dT%H%M%SZ")
+    for path in first:  # as if written an interval ago: the next one is due
+        if path.name.startswith("discrepancies-"):
+            path.rename(path.with_name(f"discrepancies-{an_interval_ago}{path.suffix}"))
     written = asyncio.run(write(timedelta(days=30)))
     assert not old.exists() and mine.exists()
     assert all(path.exists() for path in written) and len(written) == 8

@@ -148,3 +148,21 @@ def test_workers_sharing_a_home_write_each_scheduled_report_once(
     # and one whose clock fires a moment later finds this interval's report written
     assert not asyncio.run(worker().report_once())
     assert len(list(tmp_path.glob("discrepancies-*"))) == len(FORMATS)
+
+
+def test_a_report_that_took_long_does_not_make_the_next_interval_skip(
+        db_url: str, tmp_path: Path) -> None:
+    """Measured from when the last report finished, a report taking more than half the
+    interval made a lone worker skip every other interval: it counts from when it began."""
+    from datetime import timedelta
+
+    from reconcile.report_files import STAMP_FORMAT
+    from reconcile.scheduler import ReconcileScheduler
+
+    began = datetime.now(UTC) - timedelta(seconds=40)  # finished just now, 40 s later
+    for fmt in FORMATS:
+        (tmp_path / f"discrepancies-{began.strftime(STAMP_FORMAT)}.{fmt}").write_text("")
+        (tmp_path / f"latest.{fmt}").write_text("")
+    worker = ReconcileScheduler(None, None, interval_s=60, database_url=db_url,
+                                reports_dir=tmp_path, report_interval_s=60)
+    assert asyncio.run(worker.report_once())
