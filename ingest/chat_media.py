@@ -236,7 +236,8 @@ class MediaFetcher:
         return [Pending(*row) for row in rows]
 
     async def run_once(self) -> int:
-        """One poll: fetch everything due now. Returns how many fetches were made."""
+        """One poll: fetch everything due now. Returns how many were due (a stop can cut
+        the fetches short)."""
         return (await self._poll())[0]
 
     async def poll(self) -> bool:

@@ -409,10 +409,12 @@ def _invoice_order(event: StoredEvent, paid: Decimal | None) -> list[Any]:
     """An invoice event's place among its invoice's: by the provider's time, then a refund
     after everything else in its second (it can only follow the payment it refunds, and
     by money received it sorted first, leaving a refunded invoice paid), then by money
-    received (which only a refund takes back), then rank, then dedupe key, then position."""
+    received (which only a refund takes back: among refunds, the one leaving the least is
+    the later), then rank, then dedupe key, then position."""
     refund = int(event.event_type in PAYMENT_RANK and event.facts.get("outcome") == "refunded")
+    received = paid if paid is not None else Decimal(-1)
     return [event.occurred_at.timestamp() if event.occurred_at else 0.0, refund,
-            str(paid if paid is not None else -1),
+            str(-received if refund else received),
             INVOICE_RANK.get(event.event_type, INVOICE_RANK["payment.confirmed"]),
             tiebreak(event.dedupe_key), event.position]
 
