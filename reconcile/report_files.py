@@ -117,7 +117,7 @@ def _rows(conn: psycopg.Connection[Any], name: str, sql: str,
 
 
 async def load_rows(url: str, since: datetime | None) -> list[Row]:
-    """Every row in memory: for a small table (the demo, tests), not the service."""
+    """Every row in memory: for a small table (tests), never the service or a command."""
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         await conn.execute("SET TIME ZONE 'UTC'")
         cur = await conn.execute(LOAD_SQL, {"since": since})
