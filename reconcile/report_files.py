@@ -170,12 +170,9 @@ def _write_once(url: str, directory: Path, windows: Windows | None,
 def last_report_began(directory: Path) -> datetime | None:
     """When the newest stamped report began, by the time in its name (a report that took
     long finished late: counted from then, a lone worker skipped every other interval)."""
-    stamps = []
-    for path in directory.glob("discrepancies-*.json"):
-        with contextlib.suppress(ValueError):
-            stamps.append(datetime.strptime(path.name.removeprefix("discrepancies-")
-                                            .removesuffix(".json"), STAMP_FORMAT))
-    return max(stamps).replace(tzinfo=UTC) if stamps else None
+    stamps = [stamp for path in directory.glob("discrepancies-*.json")
+              if (stamp := report_stamp(path.name)) is not None]
+    return max(stamps, default=None)
 
 
 def write_report_files(url: str, directory: Path, windows: Windows | None = None,
@@ -209,23 +206,26 @@ def write_report_files(url: str, directory: Path, windows: Windows | None = None
     return written
 
 
+def report_stamp(name: str) -> datetime | None:
+    """When the stamped report ``name`` (``discrepancies-<UTC stamp>.<format>``) was begun;
+    None for any other name (``latest.*``, a person's own files)."""
+    stem, dot, fmt = name.partition(".")
+    if not stem.startswith("discrepancies-") or not dot or fmt not in FORMATS:
+        return None
+    try:
+        return datetime.strptime(stem.removeprefix("discrepancies-"),
+                                 STAMP_FORMAT).replace(tzinfo=UTC)
+    except ValueError:
+        return None
+
+
 def expired_reports(names: Sequence[str], now: datetime, keep: timedelta) -> list[str]:
     """The stamped reports among ``names`` written more than ``keep`` before ``now``, by the
     time in their names. Every format of every interval was kept for ever: four files an
     hour, on the disk the spool and the embedded database need. ``latest.*`` and anything
     not named as a stamped report are never expired."""
-    expired = []
-    for name in names:
-        stem, dot, fmt = name.partition(".")
-        if not stem.startswith("discrepancies-") or not dot or fmt not in FORMATS:
-            continue
-        try:
-            written = datetime.strptime(stem.removeprefix("discrepancies-"), STAMP_FORMAT)
-        except ValueError:
-            continue
-        if written.replace(tzinfo=UTC) < now - keep:
-            expired.append(name)
-    return sorted(expired)
+    return sorted(name for name in names
+                  if (stamp := report_stamp(name)) is not None and stamp < now - keep)
 
 
 def _remove_abandoned(directory: Path, older_than_s: float = 3600) -> None:
