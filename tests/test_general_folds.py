@@ -484,17 +484,23 @@ def test_a_refund_without_a_block_of_a_payment_against_an_invoice_is_flagged_onc
         assert fold_all("payments", _in_order(*order))[1] == []
 
 
-def test_a_refunded_part_payment_takes_its_money_off_the_invoice() -> None:
-    """A refund that carries the invoice's block is money moved back: the invoice is owed
-    again, in every arrival order. One without a block says nothing about the invoice."""
+def refunded_invoice(refunded_at: str) -> tuple[StoredEvent, ...]:
+    """INV-1 created, paid in full by PAY-1 (with ``invoice.paid`` in that second), and
+    PAY-1 refunded at ``refunded_at``, its block owing the whole amount again."""
     created = invoice_event("invoice.created", 93000, 0, 900, "20261122080000")
     part = ev("payment.confirmed", 91000, reference="PAY-1", amount=900,
               timestamp="20261122081000",
               invoice={**INVOICE, "amountPaid": 900, "amountDue": 0})
     paid = invoice_event("invoice.paid", 93002, 900, 0, "20261122081000")
     refund = ev("payment.refunded", 91010, reference="PAY-1", amount=900, status="REVERSED",
-                timestamp="20261122100000",
-                invoice={**INVOICE, "amountPaid": 0, "amountDue": 900})
+                timestamp=refunded_at, invoice={**INVOICE, "amountPaid": 0, "amountDue": 900})
+    return created, part, paid, refund
+
+
+def test_a_refunded_part_payment_takes_its_money_off_the_invoice() -> None:
+    """A refund that carries the invoice's block is money moved back: the invoice is owed
+    again, in every arrival order. One without a block says nothing about the invoice."""
+    created, part, paid, refund = refunded_invoice("20261122100000")
     for order in permutations([created, part, paid, refund]):
         rows, found = fold_all("invoices", _in_order(*order))
         row = rows["INV-1"]
@@ -512,14 +518,7 @@ def test_a_refund_in_the_second_of_its_payment_still_takes_the_money_off() -> No
     """Ordered by money received within a second (it only grows, but for a refund), a
     refund in the second of its payment and of ``invoice.paid`` sorted first, and the
     invoice stayed paid and settled beside a payment the payments view called refunded."""
-    created = invoice_event("invoice.created", 93000, 0, 900, "20261122080000")
-    part = ev("payment.confirmed", 91000, reference="PAY-1", amount=900,
-              timestamp="20261122081000",
-              invoice={**INVOICE, "amountPaid": 900, "amountDue": 0})
-    paid = invoice_event("invoice.paid", 93002, 900, 0, "20261122081000")
-    refund = ev("payment.refunded", 91010, reference="PAY-1", amount=900, status="REVERSED",
-                timestamp="20261122081000",
-                invoice={**INVOICE, "amountPaid": 0, "amountDue": 900})
+    created, part, paid, refund = refunded_invoice("20261122081000")
     for order in permutations([created, part, paid, refund]):
         rows, found = fold_all("invoices", _in_order(*order))
         row = rows["INV-1"]
@@ -549,13 +548,7 @@ def test_two_refunds_in_one_second_leave_what_both_took_back() -> None:
 def test_an_invoice_folded_by_the_previous_release_folds_on() -> None:
     """Marks of the shape the release before kept (no refund element) read as no refund:
     a later event folds over them as a rebuild would."""
-    created = invoice_event("invoice.created", 93000, 0, 900, "20261122080000")
-    part = ev("payment.confirmed", 91000, reference="PAY-1", amount=900,
-              timestamp="20261122081000",
-              invoice={**INVOICE, "amountPaid": 900, "amountDue": 0})
-    refund = ev("payment.refunded", 91010, reference="PAY-1", amount=900, status="REVERSED",
-                timestamp="20261122100000",
-                invoice={**INVOICE, "amountPaid": 0, "amountDue": 900})
+    created, part, _, refund = refunded_invoice("20261122100000")
     rows, _ = fold_all("invoices", _in_order(created, part))
 
     def previous(mark: Any) -> Any:
