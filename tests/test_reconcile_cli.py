@@ -19,6 +19,17 @@ from sandbox.runner import running_sandbox
 from tests.reconcile_helpers import API_KEY, CountingState, body
 
 
+def report_command(db_url: str, tmp_path: Path, fmt: str, *, buffered: bool = False,
+                   stderr: int = subprocess.PIPE) -> subprocess.Popen[bytes]:
+    """``hookledger report --format fmt`` in a process of its own, its output a pipe;
+    ``buffered``: standard output buffered as it is without ``PYTHONUNBUFFERED``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKLEDGER_")
+           and not (buffered and k == "PYTHONUNBUFFERED")}
+    env.update(HOOKLEDGER_DATABASE_URL=db_url, HOOKLEDGER_HOME=str(tmp_path / "home"))
+    return subprocess.Popen([sys.executable, "-m", "hookledger", "report", "--format", fmt],
+                            env=env, stdout=subprocess.PIPE, stderr=stderr)
+
+
 def test_expect_reconcile_and_report_from_the_command_line(
         db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     state = CountingState()
@@ -157,11 +168,7 @@ def test_a_report_read_only_in_part_ends_quietly(db_url: str, tmp_path: Path) ->
     from tests.test_reconcile_report_stream import seed
 
     seed(db_url, 1, 4_000)  # far more than a pipe holds
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKLEDGER_")}
-    env.update(HOOKLEDGER_DATABASE_URL=db_url, HOOKLEDGER_HOME=str(tmp_path / "home"))
-    command = subprocess.Popen([sys.executable, "-m", "hookledger", "report", "--format",
-                                "csv"], env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE)
+    command = report_command(db_url, tmp_path, "csv")
     assert command.stdout is not None and command.stderr is not None
     header = command.stdout.readline()
     command.stdout.close()
@@ -176,12 +183,7 @@ def test_a_report_whose_reader_is_gone_before_it_is_written_ends_quietly(
     """A report small enough to sit in standard output's buffer was written only at the
     interpreter's exit, past click's handling of a closed pipe: with the reader gone
     (``| true``), Python printed an ignored BrokenPipeError and exited 120."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("HOOKLEDGER_") and k != "PYTHONUNBUFFERED"}
-    env.update(HOOKLEDGER_DATABASE_URL=db_url, HOOKLEDGER_HOME=str(tmp_path / "home"))
-    command = subprocess.Popen([sys.executable, "-m", "hookledger", "report", "--format",
-                                "md"], env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE)
+    command = report_command(db_url, tmp_path, "md", buffered=True)
     assert command.stdout is not None and command.stderr is not None
     command.stdout.close()  # long before the command has written anything
     errors = command.stderr.read().decode()
@@ -200,19 +202,15 @@ def test_a_report_to_a_reader_that_pauses_holds_no_snapshot_meanwhile(
     import time
 
     from tests.reconcile_helpers import rows
+    from tests.test_reconcile_report_stream import seed
 
     def queued(fd: int) -> int:
         size = array.array("i", [0])
         fcntl.ioctl(fd, termios.FIONREAD, size)
         return size[0]
-    from tests.test_reconcile_report_stream import seed
 
     seed(db_url, 1, 4_000)  # far more than a pipe holds
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKLEDGER_")}
-    env.update(HOOKLEDGER_DATABASE_URL=db_url, HOOKLEDGER_HOME=str(tmp_path / "home"))
-    command = subprocess.Popen([sys.executable, "-m", "hookledger", "report", "--format",
-                                "csv"], env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.DEVNULL)
+    command = report_command(db_url, tmp_path, "csv", stderr=subprocess.DEVNULL)
     assert command.stdout is not None
     try:
         deadline = time.monotonic() + 60
