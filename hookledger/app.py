@@ -164,8 +164,8 @@ def create_app(settings: Settings, database_url: str, *,
                 stack.push_async_callback(stop_projector)
             else:  # projected by the supervisor, or elsewhere (HOOKLEDGER_PROJECTOR=off)
                 app.state.projector_name = projector_name or application_name()
-            if chat_api is not None and settings.chat_media:  # off the request path, from
-                # the ledger
+            # media is fetched off the request path, from the ledger (unless another does)
+            if chat_api is not None and settings.chat_media:
                 media = MediaFetcher(
                     pool=pool, ledger=store, api=chat_api(), store=MediaStore(settings.home),
                     poll_s=settings.chat_media_poll_s,

@@ -218,7 +218,7 @@ class MediaFetcher:
         while not self._stopping.is_set():
             more = False
             try:
-                more = await self.poll()
+                _, more = await self._poll()
             except Exception as exc:  # noqa: BLE001 - the worker outlives a bad poll
                 log.warning("chat_media.poll_failed", error=type(exc).__name__)
             if more:  # catching up (after a start, or a burst): the next batch at once
@@ -240,11 +240,9 @@ class MediaFetcher:
         the fetches short)."""
         return (await self._poll())[0]
 
-    async def poll(self) -> bool:
-        """One poll; whether a full batch of new rows was read (more may be waiting)."""
-        return (await self._poll())[1]
-
     async def _poll(self) -> tuple[int, bool]:
+        """One poll: how many were due, and whether a full batch of new rows was read (more
+        may be waiting)."""
         now = self._clock()
         again = sorted(p for p, at in self._again.items() if at <= now)
         rows = await self._pending(again)
