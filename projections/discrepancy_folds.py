@@ -2,8 +2,10 @@
 
 Discrepancies are ledger events: ``discrepancy.detected`` (from the projector or the
 reconciler) opens one, ``discrepancy.resolved`` (from the reconciler, when a later webhook
-or check agrees) closes the one id it names. A discrepancy's id is derived from the dedupe key
-of the event that detected it, so it is the same after a rebuild and computable in SQL
+or check agrees, or from a person, ``hookledger resolve``) closes the one id it names, and
+``resolved_by`` keeps which (the event's source): a check does not reopen what a person
+resolved. A discrepancy's id is derived from the dedupe key of the event that detected it,
+so it is the same after a rebuild and computable in SQL
 (``left(encode(sha256(convert_to(dedupe_key, 'UTF8')), 'hex'), 24)``, see migration 0004).
 """
 
@@ -48,12 +50,13 @@ def fold_discrepancy(row: Row | None, event: StoredEvent) -> tuple[Row, list[Dis
             "reference": facts.get("reference") or "", "detail": facts.get("detail") or "",
             "amount_at_risk": decimal_or_none(facts.get("amount_at_risk")),
             "status": "open", "detected_at": event.received_at, "resolved_at": None,
-            "resolution": None, "detected_by": facts.get("detected_by") or event.source,
+            "resolution": None, "resolved_by": None,
+            "detected_by": facts.get("detected_by") or event.source,
             "facts": extra, "event_count": 0, "last_position": 0,
         }
         if row is not None and row["status"] == "resolved":  # resolution replayed first
             opened.update(status="resolved", resolved_at=row["resolved_at"],
-                          resolution=row["resolution"])
+                          resolution=row["resolution"], resolved_by=row.get("resolved_by"))
         state = opened
         if row is not None:
             state["event_count"] = row["event_count"]
@@ -63,13 +66,15 @@ def fold_discrepancy(row: Row | None, event: StoredEvent) -> tuple[Row, list[Dis
             "id": str(facts["id"]), "kind": "unknown", "subject": "", "service": "",
             "reference": "", "detail": "", "amount_at_risk": None, "status": "open",
             "detected_at": None,
-            "resolved_at": None, "resolution": None, "detected_by": None, "facts": {},
+            "resolved_at": None, "resolution": None, "resolved_by": None,
+            "detected_by": None, "facts": {},
             "event_count": 0, "last_position": 0}
         state = base
         if state["status"] != "resolved":
             state["status"] = "resolved"
             state["resolved_at"] = event.received_at
             state["resolution"] = facts.get("reason")
+            state["resolved_by"] = event.source  # admin (a person) or reconciler
     state["event_count"] += 1
     state["last_position"] = max(state["last_position"], event.position)
     return state, []

@@ -63,6 +63,6 @@ PROJECTIONS: tuple[Projection, ...] = (
     Projection("discrepancies", "id", d.discrepancy_keys, d.fold_discrepancy,
                ("id", "kind", "subject", "service", "reference", "detail", "amount_at_risk",
                 "status", "detected_at", "resolved_at", "resolution", "detected_by", "facts",
-                "event_count", "last_position"),
+                "event_count", "last_position", "resolved_by"),
                frozenset({"facts"})),
 )

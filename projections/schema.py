@@ -154,6 +154,7 @@ discrepancies = Table(
     Column("facts", JSONB, nullable=False),
     Column("event_count", Integer, nullable=False),
     Column("last_position", BigInteger, nullable=False),
+    Column("resolved_by", Text),  # who: admin (a person) or reconciler; migration 0013
 )
 Index(None, discrepancies.c.status, discrepancies.c.kind)
 Index(None, discrepancies.c.subject, discrepancies.c.reference)

@@ -20,6 +20,11 @@ Rules, in words:
 ``missing_webhook`` is resolved only by the late webhook itself (see :func:`settle`): a
 re-check agrees with a recovered state by construction, so it proves nothing.
 
+A finding a person resolved (``hookledger resolve``) is not opened again while a check
+finds exactly it again (its kind and detail, which name the states and amounts): the person
+has looked. The subject is still asked about after its backoff, and an answer that changed
+is a new finding.
+
 A finding of a kind already open is news only when the provider's outcome changed: the
 recovered success whose refund a later check finds opens a ``missing_webhook`` for the
 refund and resolves the one for the success as superseded, so the open finding never tells
@@ -68,6 +73,9 @@ class Local:
     # the kinds of other records under this reference that a resolved status_mismatch
     # already reported (a person looked): not reported again while the record stays one
     looked_at_kinds: frozenset[str] = frozenset()
+    # (kind, detail) of the findings a person resolved: the same finding is not opened
+    # again (no webhook settles a short payment a person accepted); a changed one is news
+    dismissed: frozenset[tuple[str, str]] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +119,7 @@ def decide(local: Local, lookup: Lookup, *, now: datetime, window: timedelta) ->
                 "unknown_at_provider",
                 f"the provider has no record of {local.subject} {local.reference}",
                 _risk(local.amount, local.expected_amount)))
-        return _verdict("unknown", None, found, resolve, local.open, settled=False)
+        return _verdict("unknown", None, found, resolve, local, settled=False)
 
     record = lookup.record
     resolve += [(d.id, "the provider now knows the reference") for d in local.open
@@ -133,7 +141,7 @@ def decide(local: Local, lookup: Lookup, *, now: datetime, window: timedelta) ->
                 {"provider_record_kind": str(other), "provider_kinds": other.kinds_text,
                  "provider_event": record.event, "provider_service": record.service,
                  "provider_type": record.type, "provider_record_code": record.code}))
-        return _verdict("mismatch", None, found, resolve, local.open, settled=False)
+        return _verdict("mismatch", None, found, resolve, local, settled=False)
     # a record of another kind reported earlier: the record is this subject's now, whatever
     # else this check finds (an amount that differs is an amount_mismatch's to carry)
     resolve += [(d.id, f"the provider's record is now a {local.subject}") for d in local.open
@@ -148,7 +156,7 @@ def decide(local: Local, lookup: Lookup, *, now: datetime, window: timedelta) ->
                 f"webhooks say {local.status} ({local.outcome}), the provider still says "
                 f"{record.status or 'pending'} after the resolution window",
                 _risk(local.amount, record.amount), facts))
-            return _verdict("mismatch", None, found, resolve, local.open, settled=False)
+            return _verdict("mismatch", None, found, resolve, local, settled=False)
         if overdue:
             found.append(Detection(
                 "unresolved",
@@ -156,7 +164,7 @@ def decide(local: Local, lookup: Lookup, *, now: datetime, window: timedelta) ->
                 f"the provider after the resolution window",
                 _risk(local.expected_amount, local.amount, record.amount), facts))
         return _verdict("unresolved" if overdue else "pending", None, found, resolve,
-                        local.open, settled=False)
+                        local, settled=False)
 
     resolve += [(d.id, "the provider reports a final state") for d in local.open
                 if d.kind == "unresolved"]
@@ -215,17 +223,20 @@ def decide(local: Local, lookup: Lookup, *, now: datetime, window: timedelta) ->
         resolve += [(d.id, "a check agrees with the provider on the state") for d in local.open
                     if d.kind == "status_mismatch"]
     result = "recovered" if recover else "mismatch" if mismatch else "agrees"
-    return _verdict(result, recover, found, resolve, local.open, settled=not mismatch)
+    return _verdict(result, recover, found, resolve, local, settled=not mismatch)
 
 
 def _verdict(result: str, recover: ProviderRecord | None, found: Sequence[Detection],
-             resolve: Sequence[tuple[str, str]], opened: Sequence[OpenDiscrepancy], *,
-             settled: bool) -> Verdict:
-    """Drop what is already open with the same provider outcome; a finding whose outcome
-    changed supersedes the open ones of its kind (resolved here, each with its reason)."""
+             resolve: Sequence[tuple[str, str]], local: Local, *, settled: bool) -> Verdict:
+    """Drop what a person resolved and what is already open with the same provider
+    outcome; a finding whose outcome changed supersedes the open ones of its kind (resolved
+    here, each with its reason)."""
+    opened = local.open
     fresh: list[Detection] = []
     reasons: list[tuple[str, str]] = list(resolve)
     for found_one in found:
+        if (found_one.kind, found_one.detail) in local.dismissed:
+            continue
         same_kind = [o for o in opened if o.kind == found_one.kind]
         outcome = found_one.facts.get("provider_outcome")
         if any(o.facts.get("provider_outcome") == outcome for o in same_kind):

@@ -161,20 +161,26 @@ async def local_views(conn: Connection, subjects: Sequence[Due]
             "SELECT reference, kind, amount, initiated_at FROM hookledger_private.expectations "
             "WHERE reference = ANY(%s)", ([d.reference for d in subjects],))
         expected = {(r["kind"], r["reference"]): r for r in await cur.fetchall()}
-        # the open findings, and the other kinds of record a resolved one already reported
+        # the open findings, the other kinds of record a resolved one already reported,
+        # and the findings a person resolved
         await cur.execute(
-            "SELECT id, kind, subject, reference, status, facts "
+            "SELECT id, kind, subject, reference, status, detail, resolved_by, facts "
             "FROM hookledger_private.discrepancies WHERE reference = ANY(%s) "
-            "AND (status = 'open' OR (status = 'resolved' AND kind = 'status_mismatch' "
-            "AND facts ? 'provider_kinds'))", ([d.reference for d in subjects],))
+            "AND (status = 'open' OR resolved_by = 'admin' OR (status = 'resolved' "
+            "AND kind = 'status_mismatch' AND facts ? 'provider_kinds'))",
+            ([d.reference for d in subjects],))
         opened: dict[tuple[str, str], list[OpenDiscrepancy]] = {}
         looked_at: dict[tuple[str, str], set[str]] = {}
+        dismissed: dict[tuple[str, str], set[tuple[str, str]]] = {}
         for found in await cur.fetchall():
             where = (found["subject"], found["reference"])
             if found["status"] == "open":
                 opened.setdefault(where, []).append(
                     OpenDiscrepancy(found["id"], found["kind"], found["facts"] or {}))
-            else:
+                continue
+            if found["resolved_by"] == "admin":
+                dismissed.setdefault(where, set()).add((found["kind"], found["detail"]))
+            if "provider_kinds" in (found["facts"] or {}) and found["kind"] == "status_mismatch":
                 looked_at.setdefault(where, set()).add(found["facts"]["provider_kinds"])
     views: dict[tuple[str, str], Local] = {}
     positions: dict[tuple[str, str], int] = {}
@@ -191,7 +197,8 @@ async def local_views(conn: Connection, subjects: Sequence[Due]
             recovered=bool(row["recovered"]) if row else False, since=since,
             expected_amount=Decimal(exp["amount"]) if exp else None,
             open=tuple(opened.get(key, ())),
-            looked_at_kinds=frozenset(looked_at.get(key, ())))
+            looked_at_kinds=frozenset(looked_at.get(key, ())),
+            dismissed=frozenset(dismissed.get(key, ())))
         positions[key] = int(row["last_position"]) if row else 0
     return views, positions
 

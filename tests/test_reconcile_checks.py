@@ -403,3 +403,26 @@ def test_a_recovered_state_the_provider_now_contradicts_is_not_blamed_on_webhook
                         Lookup("R", "found", record("success", Decimal(10))), now=NOW,
                         window=WINDOW)
     assert by_webhook.detect[0].detail.startswith("webhooks say FAILED")
+
+
+@given(kind_and_answer=st.sampled_from([
+    ("amount_mismatch", ("success", Decimal(1000), Decimal(1500), "success", Decimal(1000))),
+    ("status_mismatch", ("success", Decimal(1000), None, "failure", Decimal(1000))),
+    ("unresolved", (None, None, Decimal(700), "pending", Decimal(700))),
+]), dismissed_detail=st.booleans(), other_detail=st.text(max_size=5))
+def test_a_finding_a_person_resolved_is_not_found_again_unless_it_changed(
+        kind_and_answer: tuple[str, tuple[Any, ...]], dismissed_detail: bool,
+        other_detail: str) -> None:
+    kind, (ours, amount, expected, theirs, provider_amount) = kind_and_answer
+    local = Local("collection", "R", ours, None if ours is None else STATUS[ours], amount,
+                  recovered=ours is not None, since=NOW - timedelta(hours=1),
+                  expected_amount=expected)
+    lookup = Lookup("R", "found", record(theirs, provider_amount))
+    [first] = decide(local, lookup, now=NOW, window=WINDOW).detect
+    assert first.kind == kind
+    detail = first.detail if dismissed_detail else first.detail + "!" + other_detail
+    again = decide(dataclasses.replace(local, dismissed=frozenset({(kind, detail)})), lookup,
+                   now=NOW, window=WINDOW)
+    assert [d.kind for d in again.detect] == ([] if dismissed_detail else [kind])
+    # dismissed is not agreed: nothing open is resolved by it, and the subject stays watched
+    assert again.settled is False

@@ -99,8 +99,9 @@ def test_a_person_resolves_a_malformed_delivery_once(
     assert done.output.strip() == f"resolved: {found}"
     again = runner.invoke(main, ["resolve", found, "--reason", "twice"])
     assert again.output.strip() == f"already resolved: {found}"
-    assert rows(db_url, "SELECT status, resolution FROM hookledger.discrepancies") == [
-        ("resolved", "checked INV-M by hand")]
+    assert rows(db_url, "SELECT status, resolution, resolved_by "
+                        "FROM hookledger.discrepancies") == [
+        ("resolved", "checked INV-M by hand", "admin")]
     assert rows(db_url, "SELECT source FROM hookledger.ledger "
                         "WHERE event_type = 'discrepancy.resolved'") == [("admin",)]
 

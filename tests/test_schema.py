@@ -142,3 +142,31 @@ def test_a_database_a_newer_release_migrated_is_refused_plainly_and_left_alone(
     with psycopg.connect(db_url) as conn:
         assert conn.execute("SELECT version_num FROM hookledger_private.alembic_version"
                             ).fetchall() == [("9999_from_the_future",)]
+
+
+def test_resolved_by_is_filled_from_the_ledger_for_rows_resolved_before_0013(
+        empty_db_url: str) -> None:
+    """Upgrading keeps a person's earlier resolutions: without ``resolved_by`` the next
+    check would reopen each of them."""
+    import asyncio
+    from datetime import UTC, datetime
+
+    from reconcile.findings import manual_resolution, resolved_event
+    from tests.reconcile_helpers import append, deliver, project, rows
+
+    migrate.upgrade(empty_db_url)
+    for reference in ("INV-A", "INV-B", "INV-C"):  # each a malformed_delivery found
+        deliver(empty_db_url, "invoice.updated", 91000, reference=reference, amount="1")
+    found = dict(rows(empty_db_url, "SELECT reference, id FROM hookledger.discrepancies"))
+    now = datetime.now(UTC)
+    asyncio.run(append(empty_db_url, [
+        manual_resolution(found["INV-A"], "invoice", "INV-A", "looked", now),
+        resolved_event(found["INV-B"], "invoice", "INV-B", "agrees", "p1", now)]))
+    asyncio.run(project(empty_db_url))
+    query = "SELECT reference, status, resolved_by FROM hookledger.discrepancies ORDER BY 1"
+    expected = [("INV-A", "resolved", "admin"), ("INV-B", "resolved", "reconciler"),
+                ("INV-C", "open", None)]
+    assert rows(empty_db_url, query) == expected
+    migrate.downgrade(empty_db_url, "0012")
+    migrate.upgrade(empty_db_url)
+    assert rows(empty_db_url, query) == expected
