@@ -22,8 +22,8 @@ re-check agrees with a recovered state by construction, so it proves nothing.
 
 A finding a person resolved (``hookledger resolve``) is not opened again while a check
 finds exactly it again (its kind and detail, which name the states and amounts): the person
-has looked. The subject is still asked about after its backoff, and an answer that changed
-is a new finding.
+has looked, and a mismatch so found is settled (asked about again once its row changes).
+An answer that changed is a new finding.
 
 A finding of a kind already open is news only when the provider's outcome changed: the
 recovered success whose refund a later check finds opens a ``missing_webhook`` for the
@@ -223,7 +223,11 @@ def decide(local: Local, lookup: Lookup, *, now: datetime, window: timedelta) ->
         resolve += [(d.id, "a check agrees with the provider on the state") for d in local.open
                     if d.kind == "status_mismatch"]
     result = "recovered" if recover else "mismatch" if mismatch else "agrees"
-    return _verdict(result, recover, found, resolve, local, settled=not mismatch)
+    # a mismatch a person resolved, found again unchanged, is settled: asked about again
+    # when the row changes (and by the refund re-check), not every backoff for ever
+    looked_at = all((d.kind, d.detail) in local.dismissed for d in found
+                    if d.kind in ("status_mismatch", "amount_mismatch"))
+    return _verdict(result, recover, found, resolve, local, settled=looked_at)
 
 
 def _verdict(result: str, recover: ProviderRecord | None, found: Sequence[Detection],

@@ -424,5 +424,7 @@ def test_a_finding_a_person_resolved_is_not_found_again_unless_it_changed(
     again = decide(dataclasses.replace(local, dismissed=frozenset({(kind, detail)})), lookup,
                    now=NOW, window=WINDOW)
     assert [d.kind for d in again.detect] == ([] if dismissed_detail else [kind])
-    # dismissed is not agreed: nothing open is resolved by it, and the subject stays watched
-    assert again.settled is False
+    # a mismatch a person looked at is settled (asked again when its row changes, not every
+    # backoff); a payment still pending at the provider is asked about until it resolves
+    assert again.settled is (dismissed_detail and kind != "unresolved")
+    assert again.resolve == ()  # dismissed is not agreed: nothing open is resolved by it
