@@ -37,8 +37,13 @@ WITH candidates AS (
            ON e.kind = 'collection' AND p.reference = e.reference
     LEFT JOIN hookledger_private.payouts o ON e.kind = 'payout' AND o.reference = e.reference
     WHERE e.kind IN ('collection', 'payout')  -- a pending SMS is never waited for
-      AND e.initiated_at <= %(overdue)s
-      AND coalesce(p.outcome, o.outcome, 'none') NOT IN ('success', 'failure', 'refunded')
+      AND ((e.initiated_at <= %(overdue)s
+            AND coalesce(p.outcome, o.outcome, 'none') NOT IN ('success', 'failure',
+                                                               'refunded'))
+           -- paid other than expected: the provider's record says what was paid, asked at
+           -- once rather than left to the rolling re-check's allowance
+           OR (coalesce(p.outcome, o.outcome) = 'success'
+               AND coalesce(p.amount, o.amount) <> e.amount))
     UNION ALL
     SELECT 'payout', reference, 2, NULL FROM hookledger_private.payouts
     WHERE outcome NOT IN ('success', 'failure', 'refunded') AND updated_at <= %(overdue)s

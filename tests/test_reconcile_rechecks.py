@@ -147,3 +147,24 @@ def test_the_refund_interval_comes_from_its_setting(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("HOOKLEDGER_RECONCILE_REFUND_RECHECK_S", "-1")
     with pytest.raises(ValidationError, match="reconcile_refund_recheck_s"):
         Settings()
+
+
+def test_a_payment_confirmed_for_less_than_expected_is_checked_whatever_the_allowance(
+        db_url: str) -> None:
+    """1,500 expected, the webhook confirms 1,000. Only the rolling re-check asked about a
+    final payment, within its allowance (here none left): the shortfall went unreported. A
+    payment that a webhook made final at another amount than its expectation is now due at
+    once; one paid as expected is left to the allowance."""
+    state = CountingState()
+    confirmed(db_url, state, "SH-1", amount=1000)
+    confirmed(db_url, state, "OK-1", amount=1500)
+    expect(db_url, "SH-1", "collection", 1500)
+    expect(db_url, "OK-1", "collection", 1500)
+    with running_sandbox(state=state) as api:
+        first = reconcile(db_url, api.url, recheck_limit=0)
+        again = reconcile(db_url, api.url, recheck_limit=0)
+    assert dict(state.asked) == {"SH-1": 1}
+    assert first.checked == 1 and again.checked == 0
+    assert rows(db_url, "SELECT kind, reference, amount_at_risk, detail FROM "
+                        "hookledger.discrepancies WHERE status = 'open'") == [
+        ("amount_mismatch", "SH-1", Decimal(500), "1000 TZS paid of 1500 TZS expected")]
