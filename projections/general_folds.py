@@ -521,7 +521,8 @@ def fold_invoice(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrep
     if block and (state["block_key"] is None or _block_newer(order, state["block_key"])):
         state["block_key"] = order  # the latest block's order (kept for older readers)
     state["provenance"] = marks
-    if event.event_type == "invoice.cancelled" or _resaved_cancelled(event):
+    cancelled_now = event.event_type == "invoice.cancelled" or _resaved_cancelled(event)
+    if cancelled_now:
         state["cancelled"] = True
     if event.event_type == "invoice.paid":
         state["paid_event"] = True
@@ -532,6 +533,15 @@ def fold_invoice(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrep
                 detail=f"invoice.paid arrived with amountDue {due}; not settled",
                 amount_at_risk=due, evidence=(event.dedupe_key,)))
             state["conflicted"] = True
+    if cancelled_now and (held := values["amount_paid"]) is not None and held > 0:
+        # the event's own word (cancelled, with this much received), not the row's, so the
+        # findings are the same whatever order the events arrive in
+        received = format(held.normalize(), "f")
+        found.append(Discrepancy(
+            kind="cancelled_invoice_paid", subject="invoice", reference=number,
+            detail=f"invoice {number} is cancelled with {received} received: refund the "
+                   f"customer or reinstate the invoice",
+            amount_at_risk=held, evidence=(f"received:{received}",)))
     state["settled"] = state["amount_due"] is not None and state["amount_due"] == 0
     state["status"] = invoice_status(cancelled=state["cancelled"],
                                      amount_paid=state["amount_paid"],

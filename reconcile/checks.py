@@ -260,6 +260,10 @@ def settle(kind: str, facts: Mapping[str, Any], row: Mapping[str, Any] | None) -
         return None
     if kind == "unsettled_paid_invoice":
         return "the invoice is now settled" if row.get("settled") else None
+    if kind == "cancelled_invoice_paid":
+        received = row.get("amount_paid")
+        return ("the money received was refunded"
+                if received is not None and Decimal(str(received)) == 0 else None)
     outcome = row.get("outcome")
     if kind == "unresolved":
         return "a final state arrived" if outcome in TERMINAL else None

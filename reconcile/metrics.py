@@ -10,7 +10,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 KINDS = ("missing_webhook", "status_mismatch", "amount_mismatch", "unresolved",
          "unknown_at_provider", "conflicting_events", "unsettled_paid_invoice",
-         "refunded_invoice_payment", "unprojectable_event", "malformed_delivery")
+         "refunded_invoice_payment", "cancelled_invoice_paid", "unprojectable_event",
+         "malformed_delivery")
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,10 @@ ACTIONS = {
                                 "refund did not update the invoice: it still counts the "
                                 "money as received. Check the invoice with the provider "
                                 "before releasing goods against it; collect again if owed.",
+    "cancelled_invoice_paid": "The invoice was cancelled while money received on it is "
+                              "still held: refund the customer, or reinstate the invoice if "
+                              "it was cancelled by mistake. Closes once the money is "
+                              "refunded against it.",
     "unprojectable_event": "A ledger event could not be folded into a projection and was "
                            "left out of it; the event is kept. Report it with its position.",
     "malformed_delivery": "A signed delivery whose fields could not be read is kept in the "

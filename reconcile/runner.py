@@ -383,7 +383,8 @@ class Reconciler:
         for row in await store.open_for_settling(conn):
             view = None if not row["known"] else {
                 "subject": row["subject"], "outcome": row["outcome"], "amount": row["amount"],
-                "recovered": row["recovered"], "settled": row["settled"]}
+                "recovered": row["recovered"], "settled": row["settled"],
+                "amount_paid": row["amount_paid"]}
             reason = settle(row["kind"], row["facts"] or {}, view)
             if reason is None:
                 continue

@@ -236,6 +236,7 @@ SETTLE_SQL = """
 SELECT d.id, d.kind, d.subject, d.reference, d.facts,
        coalesce(p.outcome, o.outcome) AS outcome, coalesce(p.amount, o.amount) AS amount,
        coalesce(p.recovered, o.recovered, false) AS recovered, i.settled,
+       i.amount_paid,
        (p.reference IS NOT NULL OR o.reference IS NOT NULL OR i.invoice_no IS NOT NULL) AS known
 FROM hookledger_private.discrepancies d
 LEFT JOIN hookledger_private.payments p
@@ -244,7 +245,7 @@ LEFT JOIN hookledger_private.payouts o ON d.subject = 'payout' AND o.reference =
 LEFT JOIN hookledger_private.invoices i ON d.subject = 'invoice' AND i.invoice_no = d.reference
 WHERE d.status = 'open'
   AND d.kind IN ('unresolved', 'missing_webhook', 'status_mismatch', 'amount_mismatch',
-                 'unsettled_paid_invoice')
+                 'unsettled_paid_invoice', 'cancelled_invoice_paid')
 """
 
 

@@ -302,6 +302,37 @@ def test_a_cancelled_invoice_stays_cancelled_when_resaved() -> None:
     assert rows["INV-1"]["status"] == "cancelled" and rows["INV-1"]["settled"] is False
 
 
+def test_an_invoice_cancelled_with_money_received_is_flagged_once_in_every_order() -> None:
+    """300 paid, then the invoice cancelled: the merchant holds a customer's money for a
+    bill that no longer exists (refund it, or reinstate the invoice), and nothing said so.
+    Flagged once at the money received, whatever the arrival order (a re-save saying the
+    same is the same finding); a re-save of the cancelled invoice with more received is
+    flagged again, at the new amount."""
+    created = invoice_event("invoice.created", 93000, 0, 900, "20261122080000")
+    part = ev("payment.confirmed", 91001, reference="PAY-1", amount=300,
+              timestamp="20261122081000",
+              invoice={**INVOICE, "amountPaid": 300, "amountDue": 600})
+    cancelled = invoice_event("invoice.cancelled", 93003, 300, 600, "20261122082000")
+    resaved = ev("invoice.updated", 93001, reference="INV-1", amount=900, service="Invoicing",
+                 timestamp="20261122083000", status="CANCELLED",
+                 invoice={**INVOICE, "amountPaid": 300, "amountDue": 600})
+    for order in permutations([created, part, cancelled, resaved]):
+        rows, found = fold_all("invoices", _in_order(*order))
+        assert rows["INV-1"]["status"] == "cancelled"
+        assert {(d.kind, d.subject, d.reference, d.amount_at_risk, d.dedupe_key)
+                for d in found} == {("cancelled_invoice_paid", "invoice", "INV-1",
+                                     Decimal("300"), found[0].dedupe_key)}
+        assert "300" in found[0].detail
+    more = ev("invoice.updated", 93001, reference="INV-1", amount=900, service="Invoicing",
+              timestamp="20261122090000", status="CANCELLED",
+              invoice={**INVOICE, "amountPaid": 500, "amountDue": 400})
+    for order in permutations([part, cancelled, more]):
+        _, found = fold_all("invoices", _in_order(*order))
+        assert sorted(d.amount_at_risk for d in found) == [Decimal("300"), Decimal("500")]
+    nothing_paid = invoice_event("invoice.cancelled", 93003, 0, 900, "20261122082000")
+    assert fold_all("invoices", _in_order(created, nothing_paid))[1] == []
+
+
 @pytest.mark.parametrize("word", ["CANCELLED", "Canceled", " cancelled "])
 def test_a_resave_saying_cancelled_cancels_when_invoice_cancelled_was_lost(word: str) -> None:
     """``invoice.cancelled`` fires once and the general system never sends it again; the

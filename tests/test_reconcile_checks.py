@@ -428,3 +428,10 @@ def test_a_finding_a_person_resolved_is_not_found_again_unless_it_changed(
     # backoff); a payment still pending at the provider is asked about until it resolves
     assert again.settled is (dismissed_detail and kind != "unresolved")
     assert again.resolve == ()  # dismissed is not agreed: nothing open is resolved by it
+
+
+def test_a_cancelled_invoice_paid_settles_once_the_money_went_back() -> None:
+    kind = "cancelled_invoice_paid"
+    assert settle(kind, {}, {"subject": "invoice", "amount_paid": Decimal("0.00")})
+    assert settle(kind, {}, {"subject": "invoice", "amount_paid": Decimal(300)}) is None
+    assert settle(kind, {}, {"subject": "invoice", "amount_paid": None}) is None

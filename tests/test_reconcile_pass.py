@@ -776,3 +776,29 @@ def test_a_repair_is_counted_and_logged_only_once_its_chunk_committed(db_url: st
     assert told == []
     assert rows(db_url, "SELECT count(*) FROM hookledger.ledger "
                         "WHERE event_type = 'reconcile.recovered'") == [(0,)]
+
+
+def test_an_invoice_cancelled_with_money_received_is_open_until_the_money_goes_back(
+        db_url: str) -> None:
+    """Found by the projector as the deliveries arrive; a refund that carries the block
+    (nothing received any more) settles it at the next pass, which needs no API."""
+    block = {**INVOICE, "invoiceNo": "INV-X"}
+    deliver(db_url, "payment.confirmed", 91001, reference="PAY-X", amount=20000,
+            timestamp="20261122081000",
+            invoice={**block, "amountPaid": 20000, "amountDue": 30000})
+    deliver(db_url, "invoice.cancelled", 93003, reference="INV-X", amount=50000,
+            service="Invoicing", timestamp="20261122082000",
+            invoice={**block, "amountPaid": 20000, "amountDue": 30000})
+    found = ("SELECT kind, amount_at_risk, status, resolution, resolved_by "
+             "FROM hookledger.discrepancies WHERE subject = 'invoice'")
+    assert rows(db_url, found) == [
+        ("cancelled_invoice_paid", Decimal(20000), "open", None, None)]
+    with running_sandbox(state=CountingState()) as api:
+        reconcile(db_url, api.url)
+        assert [r[2] for r in rows(db_url, found)] == ["open"]  # still held: not settled
+        deliver(db_url, "payment.refunded", 91010, reference="PAY-X", amount=20000,
+                status="REVERSED", timestamp="20261122090000",
+                invoice={**block, "amountPaid": 0, "amountDue": 50000})
+        reconcile(db_url, api.url)
+    assert rows(db_url, found) == [("cancelled_invoice_paid", Decimal(20000), "resolved",
+                                    "the money received was refunded", "reconciler")]
