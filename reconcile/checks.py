@@ -76,6 +76,10 @@ class Local:
     # (kind, detail) of the findings a person resolved: the same finding is not opened
     # again (no webhook settles a short payment a person accepted); a changed one is news
     dismissed: frozenset[tuple[str, str]] = frozenset()
+    # the provider's own spelling of the reference (``case-1`` for ``CASE-1``) when
+    # hookledger already has a row under it, from its webhooks: recovered under this one,
+    # the same money would be in the view twice
+    known_as: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +146,16 @@ def decide(local: Local, lookup: Lookup, *, now: datetime, window: timedelta) ->
                  "provider_event": record.event, "provider_service": record.service,
                  "provider_type": record.type, "provider_record_code": record.code}))
         return _verdict("mismatch", None, found, resolve, local, settled=False)
+    if local.known_as is not None:
+        found.append(Detection(
+            "status_mismatch",
+            f"the provider knows {local.subject} {local.reference} as {local.known_as}, "
+            f"which webhooks already brought; nothing recovered, to be checked by a person "
+            f"(register references as the provider spells them)",
+            _risk(local.expected_amount, record.amount),
+            {"provider_reference": local.known_as}))
+        return _verdict("mismatch", None, found, resolve, local,
+                        settled=(found[-1].kind, found[-1].detail) in local.dismissed)
     # a record of another kind reported earlier: the record is this subject's now, whatever
     # else this check finds (an amount that differs is an amount_mismatch's to carry)
     resolve += [(d.id, f"the provider's record is now a {local.subject}") for d in local.open

@@ -12,6 +12,7 @@ subject is asked twice in one pass. ``max_subjects`` and ``rate_per_s`` pace a b
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections import Counter
@@ -221,6 +222,7 @@ class Reconciler:
                 return Lookup(reference, "error", error="internal", detail=type(exc).__name__)
 
         lookups = await self._speaking(conn, asyncio.gather(*(ask(d.reference) for d in due)))
+        await self._spelled_elsewhere(conn, due, lookups, views)
         events: list[NewEvent] = []
         marks: list[Mark] = []
         recoveries: list[tuple[int, str, str]] = []
@@ -270,6 +272,24 @@ class Reconciler:
             if self._observer:
                 self._observer.recovered(subject, 1)
         result.checked += len(due)
+
+    @staticmethod
+    async def _spelled_elsewhere(conn: store.Connection, due: Sequence[store.Due],
+                                 lookups: Sequence[Lookup],
+                                 views: dict[tuple[str, str], Local]) -> None:
+        """Tell each view whose record the provider spells otherwise (``case-1`` asked as
+        ``CASE-1``) whether a row already exists under that spelling."""
+        spelled = {(d.subject, d.reference): lookup.record.reference
+                   for d, lookup in zip(due, lookups, strict=True)
+                   if lookup.record is not None and lookup.record.reference != d.reference}
+        if not spelled:
+            return
+        known = await store.known_references(
+            conn, [(subject, theirs) for (subject, _), theirs in spelled.items()])
+        for (subject, ours), theirs in spelled.items():
+            if (subject, theirs) in known:
+                views[(subject, ours)] = dataclasses.replace(views[(subject, ours)],
+                                                             known_as=theirs)
 
     async def _speaking(self, conn: store.Connection,
                         work: Awaitable[list[Lookup]]) -> list[Lookup]:

@@ -208,6 +208,21 @@ async def local_views(conn: Connection, subjects: Sequence[Due]
     return views, positions
 
 
+async def known_references(conn: Connection, wanted: Sequence[tuple[str, str]]
+                           ) -> set[tuple[str, str]]:
+    """Which of these (subject, reference) already have a payments or payouts row."""
+    known: set[tuple[str, str]] = set()
+    for subject, table in (("collection", "payments"), ("payout", "payouts")):
+        refs = [r for s, r in wanted if s == subject]
+        if not refs:
+            continue
+        cur = await conn.execute(sql.SQL("SELECT reference FROM {} WHERE reference = ANY(%s)"
+                                         ).format(sql.Identifier("hookledger_private", table)),
+                                 (refs,))
+        known.update((subject, str(r)) for r, in await cur.fetchall())
+    return known
+
+
 async def mark_checked(conn: Connection, marks: Sequence[tuple[str, str, datetime, int,
                                                                datetime | None, str, str]]
                        ) -> None:

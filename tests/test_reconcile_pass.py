@@ -426,6 +426,37 @@ def test_a_recovery_is_filed_under_the_reference_asked_whatever_the_provider_spe
                         "WHERE event_type = 'reconcile.recovered'") == [("case-1",)]
 
 
+def test_a_payment_webhooks_brought_in_the_providers_spelling_is_not_recovered_twice(
+        db_url: str) -> None:
+    """Registered as CASE-1, delivered by webhook as case-1, which the provider answers for
+    CASE-1: recovering it under CASE-1 put the same money in payments twice, beside a
+    missing_webhook no webhook could ever close. It is a finding for a person instead,
+    and once they resolved it the expectation is not asked about every backoff."""
+    state = CountingState()
+    state.put_record("CASE-1", {"reference": "case-1", "status": "SUCCESSFUL", "amount": 100,
+                                "event": "payment.confirmed", "code": 91000,
+                                "service": "Collection", "type": "CHARGE"})
+    deliver(db_url, "payment.confirmed", 91000, reference="case-1", amount=100)
+    expect(db_url, "CASE-1", "collection", 100)
+    no_backoff = {"retry_base": timedelta(0), "retry_cap": timedelta(0), "max_subjects": 1,
+                  "recheck_limit": 0}
+    with running_sandbox(state=state) as api:
+        result = reconcile(db_url, api.url, **no_backoff)
+        assert result.recovered == []
+        assert rows(db_url, "SELECT reference, recovered FROM hookledger.payments") == [
+            ("case-1", False)]
+        [(found, kind, detail)] = rows(
+            db_url, "SELECT id, kind, detail FROM hookledger.discrepancies "
+                    "WHERE status = 'open'")
+        assert kind == "status_mismatch" and "as case-1" in detail
+        asyncio.run(append_and_project(db_url, [manual_resolution(
+            found, "collection", "CASE-1", "the same payment", datetime.now(UTC))]))
+        later = reconcile(db_url, api.url, **no_backoff)
+        after = reconcile(db_url, api.url, **no_backoff)
+    assert later.checked == 1 and later.detected == [] and after.checked == 0
+    assert discrepancies(db_url) == []
+
+
 def test_an_answer_about_another_reference_is_an_error_and_recovers_nothing(
         db_url: str) -> None:
     """A wrong mapping path or an API mix-up must not mark the asked payment paid."""
