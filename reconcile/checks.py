@@ -55,6 +55,7 @@ class OpenDiscrepancy:
     id: str
     kind: str
     facts: Mapping[str, Any] = field(default_factory=dict)
+    detail: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,16 +147,6 @@ def decide(local: Local, lookup: Lookup, *, now: datetime, window: timedelta) ->
                  "provider_event": record.event, "provider_service": record.service,
                  "provider_type": record.type, "provider_record_code": record.code}))
         return _verdict("mismatch", None, found, resolve, local, settled=False)
-    if local.known_as is not None:
-        found.append(Detection(
-            "status_mismatch",
-            f"the provider knows {local.subject} {local.reference} as {local.known_as}, "
-            f"which webhooks already brought; nothing recovered, to be checked by a person "
-            f"(register references as the provider spells them)",
-            _risk(local.expected_amount, record.amount),
-            {"provider_reference": local.known_as}))
-        return _verdict("mismatch", None, found, resolve, local,
-                        settled=(found[-1].kind, found[-1].detail) in local.dismissed)
     # a record of another kind reported earlier: the record is this subject's now, whatever
     # else this check finds (an amount that differs is an amount_mismatch's to carry)
     resolve += [(d.id, f"the provider's record is now a {local.subject}") for d in local.open
@@ -192,6 +183,16 @@ def decide(local: Local, lookup: Lookup, *, now: datetime, window: timedelta) ->
             f"the provider reports {record.status} ({record.outcome}) for {local.subject} "
             f"{local.reference}, a state no {local.subject} webhook carries; not recovered, "
             f"to be checked by a person", _risk(local.amount, record.amount), facts))
+    elif behind and local.known_as is not None:
+        # webhooks brought this payment under the provider's spelling: recovered under
+        # ours, the same money would be in the view twice
+        found.append(Detection(
+            "status_mismatch",
+            f"the provider knows {local.subject} {local.reference} as {local.known_as}, "
+            f"which webhooks already brought; nothing recovered, to be checked by a person "
+            f"(register references as the provider spells them)",
+            _risk(local.expected_amount, record.amount),
+            {**facts, "provider_reference": local.known_as}))
     elif behind:  # the provider knows a state our webhooks never brought
         recover = record
         known = "no webhook" if ours is None else f"only {ours} by webhook"
@@ -253,10 +254,17 @@ def _verdict(result: str, recover: ProviderRecord | None, found: Sequence[Detect
     fresh: list[Detection] = []
     reasons: list[tuple[str, str]] = list(resolve)
     for found_one in found:
-        if (found_one.kind, found_one.detail) in local.dismissed:
-            continue
         same_kind = [o for o in opened if o.kind == found_one.kind]
         outcome = found_one.facts.get("provider_outcome")
+        if (found_one.kind, found_one.detail) in local.dismissed:
+            # opens nothing; what is open of its kind closes as a fresh finding would close
+            # it, and a copy of it (reopened before the person's resolution was kept) too
+            reasons += [(o.id, "a person resolved the same finding") for o in same_kind
+                        if o.detail == found_one.detail]
+            reasons += [(o.id, f"superseded: the provider now reports "
+                               f"{outcome or 'another record'}")
+                        for o in same_kind if o.facts.get("provider_outcome") != outcome]
+            continue
         if any(o.facts.get("provider_outcome") == outcome for o in same_kind):
             continue
         fresh.append(found_one)

@@ -181,7 +181,8 @@ async def local_views(conn: Connection, subjects: Sequence[Due]
             where = (found["subject"], found["reference"])
             if found["status"] == "open":
                 opened.setdefault(where, []).append(
-                    OpenDiscrepancy(found["id"], found["kind"], found["facts"] or {}))
+                    OpenDiscrepancy(found["id"], found["kind"], found["facts"] or {},
+                                    found["detail"]))
                 continue
             if found["resolved_by"] == "admin":
                 dismissed.setdefault(where, set()).add((found["kind"], found["detail"]))

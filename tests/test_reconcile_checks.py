@@ -435,3 +435,44 @@ def test_a_cancelled_invoice_paid_settles_once_the_money_went_back() -> None:
     assert settle(kind, {}, {"subject": "invoice", "amount_paid": Decimal("0.00")})
     assert settle(kind, {}, {"subject": "invoice", "amount_paid": Decimal(300)}) is None
     assert settle(kind, {}, {"subject": "invoice", "amount_paid": None}) is None
+
+
+def _mismatch(provider: str) -> tuple[Local, Lookup]:
+    local = Local("collection", "R", "success", "SUCCESSFUL", Decimal(100),
+                  since=NOW - timedelta(hours=1))
+    return local, Lookup("R", "found", record(provider, Decimal(100)))
+
+
+def test_a_finding_a_person_resolved_still_supersedes_and_closes_its_open_copies() -> None:
+    """Found again exactly as a person resolved it, a finding opens nothing, but what is
+    open of its kind is closed as it would be by a fresh one: another outcome's finding is
+    superseded (else it stayed open, and settled, for good), and a copy of the same finding
+    (reopened by checks before the person's resolution was remembered) is closed."""
+    local, failed = _mismatch("failure")
+    [found] = decide(local, failed, now=NOW, window=WINDOW).detect
+    stale = OpenDiscrepancy("id-x", "status_mismatch", {"provider_outcome": "refunded"},
+                            "webhooks say SUCCESSFUL (success), the provider says REFUNDED")
+    copy = OpenDiscrepancy("id-c", "status_mismatch", {"provider_outcome": "failure"},
+                           found.detail)
+    looked = dataclasses.replace(local, open=(stale, copy),
+                                 dismissed=frozenset({(found.kind, found.detail)}))
+    verdict = decide(looked, failed, now=NOW, window=WINDOW)
+    assert verdict.detect == () and verdict.settled
+    reasons = dict(verdict.resolve)
+    assert reasons["id-x"].startswith("superseded")
+    assert reasons["id-c"] == "a person resolved the same finding"
+
+
+def test_a_reference_the_provider_spells_otherwise_still_closes_what_its_answer_settles(
+        ) -> None:
+    """An ``unresolved`` opened while the provider was pending is closed by the final
+    answer also when that answer is the webhook's payment under another spelling (the
+    status_mismatch for a person does not stop it)."""
+    pending = OpenDiscrepancy("id-u", "unresolved", {"provider_outcome": "pending"})
+    local = Local("collection", "CASE-1", since=NOW - timedelta(hours=1), open=(pending,),
+                  known_as="case-1", expected_amount=Decimal(100))
+    verdict = decide(local, Lookup("CASE-1", "found", record("success", Decimal(100))),
+                     now=NOW, window=WINDOW)
+    assert verdict.recover is None
+    assert [d.kind for d in verdict.detect] == ["status_mismatch"]
+    assert "id-u" in dict(verdict.resolve)

@@ -5,7 +5,9 @@ A person resolving a finding no webhook can settle (a short payment accepted, an
 check, every backoff, for ever: nothing told a check that someone had looked. The fold now
 keeps the resolving event's source, and a check leaves the same finding resolved when a
 person resolved it (a changed one is news). Rows resolved before this migration get theirs
-from the ledger, the first resolution of each id as the fold takes it.
+from the ledger, the first resolution of each id as the fold takes it; so does a row whose
+resolution an older process, still folding during a rolling upgrade, has yet to reach (it
+writes no ``resolved_by``, so the value stays).
 
 Revision ID: 0013
 Revises: 0012
@@ -29,7 +31,7 @@ FROM (SELECT DISTINCT ON (facts->>'id') facts->>'id' AS id, source
       FROM hookledger_private.ledger_events
       WHERE event_type = 'discrepancy.resolved'
       ORDER BY facts->>'id', position) r
-WHERE r.id = d.id AND d.status = 'resolved';
+WHERE r.id = d.id;  -- also a row whose resolution is not folded yet: the fold agrees
 
 CREATE OR REPLACE VIEW hookledger.discrepancies AS
 SELECT id, kind, subject, reference, detail, amount_at_risk, status, detected_at,
