@@ -44,6 +44,18 @@ def discrepancies(url: str, status: str = "open") -> list[tuple[str, str, str, D
              "WHERE status = %s ORDER BY kind, reference", status)]
 
 
+# a pass asks about one subject, and a subject not settled is due again at once
+NO_BACKOFF: dict[str, Any] = {"retry_base": timedelta(0), "retry_cap": timedelta(0),
+                              "max_subjects": 1}
+
+
+def person_resolves(url: str, discrepancy_id: str, subject: str, reference: str,
+                    reason: str) -> None:
+    """``hookledger resolve``'s event, appended and projected."""
+    asyncio.run(append_and_project(url, [manual_resolution(
+        discrepancy_id, subject, reference, reason, datetime.now(UTC))]))
+
+
 def test_a_dropped_payment_confirmed_is_found_as_missing_webhook_and_recovered_as_paid(
         db_url: str) -> None:
     state = CountingState()
@@ -308,14 +320,12 @@ def test_a_person_resolving_an_other_kind_mismatch_is_not_reopened_by_later_pass
     state = CountingState()
     state.record_general(body("payment.confirmed", 91000, reference="K-9", amount=700))
     expect(db_url, "K-9", "payout", 700)
-    no_backoff = {"retry_base": timedelta(0), "retry_cap": timedelta(0), "max_subjects": 1}
     with running_sandbox(state=state) as api:
-        reconcile(db_url, api.url, **no_backoff)
+        reconcile(db_url, api.url, **NO_BACKOFF)
         [(found, subject)] = rows(db_url, "SELECT id, subject FROM hookledger.discrepancies "
                                           "WHERE status = 'open'")
-        asyncio.run(append_and_project(db_url, [manual_resolution(
-            found, subject, "K-9", "registered as a payout by mistake", datetime.now(UTC))]))
-        later = reconcile(db_url, api.url, **no_backoff)
+        person_resolves(db_url, found, subject, "K-9", "registered as a payout by mistake")
+        later = reconcile(db_url, api.url, **NO_BACKOFF)
     assert later.checked == 1 and state.asked["K-9"] == 2 and later.detected == []
     assert discrepancies(db_url) == []
     assert discrepancies(db_url, "resolved") == [("status_mismatch", "payout", "K-9",
@@ -333,16 +343,14 @@ def test_a_finding_a_person_resolved_is_not_reopened_by_the_next_check(
     state.record_general(body("payment.confirmed", 91001, reference="Q-7", amount=1000,
                               status="PARTIAL"))
     expect(db_url, "Q-7", "collection", 1500)
-    no_backoff = {"retry_base": timedelta(0), "retry_cap": timedelta(0), "max_subjects": 1}
     with running_sandbox(state=state) as api:
-        reconcile(db_url, api.url, **no_backoff)
+        reconcile(db_url, api.url, **NO_BACKOFF)
         [(found, subject)] = rows(db_url, "SELECT id, subject FROM hookledger.discrepancies "
                                           "WHERE status = 'open' AND kind = 'amount_mismatch'")
-        asyncio.run(append_and_project(db_url, [manual_resolution(
-            found, subject, "Q-7", "the customer agreed to pay 1,000", datetime.now(UTC))]))
-        later = reconcile(db_url, api.url, **no_backoff)
+        person_resolves(db_url, found, subject, "Q-7", "the customer agreed to pay 1,000")
+        later = reconcile(db_url, api.url, **NO_BACKOFF)
         assert later.checked == 1 and later.detected == []
-        after = reconcile(db_url, api.url, **no_backoff)
+        after = reconcile(db_url, api.url, **NO_BACKOFF)
     assert after.checked == 0 and state.asked["Q-7"] == 2
     assert [k for k, *_ in discrepancies(db_url)] == ["missing_webhook"]
     assert rows(db_url, "SELECT kind, amount_at_risk, resolved_by FROM "
@@ -360,11 +368,10 @@ def test_a_payment_whose_record_was_an_invoice_at_first_is_recovered_once_it_is_
                               service="Invoicing",
                               invoice={**INVOICE, "invoiceNo": "K-3", "total": 5000}))
     expect(db_url, "K-3", "collection", 5000)
-    no_backoff = {"retry_base": timedelta(0), "retry_cap": timedelta(0), "max_subjects": 1}
     with running_sandbox(state=state) as api:
-        first = reconcile(db_url, api.url, **no_backoff)
+        first = reconcile(db_url, api.url, **NO_BACKOFF)
         state.record_general(body("payment.confirmed", 91000, reference="K-3", amount=5000))
-        later = reconcile(db_url, api.url, **no_backoff)
+        later = reconcile(db_url, api.url, **NO_BACKOFF)
     assert first.recovered == [] and later.recovered == ["K-3"]
     assert rows(db_url, "SELECT outcome, amount, recovered FROM hookledger.payments") == [
         ("success", Decimal(5000), True)]
@@ -438,10 +445,8 @@ def test_a_payment_webhooks_brought_in_the_providers_spelling_is_not_recovered_t
                                 "service": "Collection", "type": "CHARGE"})
     deliver(db_url, "payment.confirmed", 91000, reference="case-1", amount=100)
     expect(db_url, "CASE-1", "collection", 100)
-    no_backoff = {"retry_base": timedelta(0), "retry_cap": timedelta(0), "max_subjects": 1,
-                  "recheck_limit": 0}
     with running_sandbox(state=state) as api:
-        result = reconcile(db_url, api.url, **no_backoff)
+        result = reconcile(db_url, api.url, **NO_BACKOFF, recheck_limit=0)
         assert result.recovered == []
         assert rows(db_url, "SELECT reference, recovered FROM hookledger.payments") == [
             ("case-1", False)]
@@ -449,10 +454,9 @@ def test_a_payment_webhooks_brought_in_the_providers_spelling_is_not_recovered_t
             db_url, "SELECT id, kind, detail FROM hookledger.discrepancies "
                     "WHERE status = 'open'")
         assert kind == "status_mismatch" and "as case-1" in detail
-        asyncio.run(append_and_project(db_url, [manual_resolution(
-            found, "collection", "CASE-1", "the same payment", datetime.now(UTC))]))
-        later = reconcile(db_url, api.url, **no_backoff)
-        after = reconcile(db_url, api.url, **no_backoff)
+        person_resolves(db_url, found, "collection", "CASE-1", "the same payment")
+        later = reconcile(db_url, api.url, **NO_BACKOFF, recheck_limit=0)
+        after = reconcile(db_url, api.url, **NO_BACKOFF, recheck_limit=0)
     assert later.checked == 1 and later.detected == [] and after.checked == 0
     assert discrepancies(db_url) == []
 
