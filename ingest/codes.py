@@ -117,10 +117,28 @@ def outcome_of_event(event: str) -> Outcome:
 
 
 def outcome(event: str, code: int | None) -> Outcome:
-    """The outcome: a code's failure band wins over the event name; else the event decides."""
-    if code is not None and is_failure_code(code):
-        return "failure"
+    """The outcome: a code's failure band wins over the event name; a listed code of the
+    event's own service keeps its listed meaning (92002 on ``payout.failed`` is an approved
+    payout in flight, 91010 on ``payment.confirmed`` a refund); an unlisted success-band code
+    on a ``*.failed`` event is a success; else the event decides."""
     by_event = outcome_of_event(event)
-    if code is not None and by_event == "failure":
+    if code is None:
+        return by_event
+    if is_failure_code(code):
+        return "failure"
+    listed = CODES.get(code)
+    if listed is not None and _family(listed.event) == _family(event):
+        return outcome_of_event(listed.event)
+    if by_event == "failure":
         return "success"  # a success-band code on a *.failed event: the code is the contract
     return by_event
+
+
+def code_contradicts_event(event: str, code: int | None) -> bool:
+    """Whether the code made the outcome something other than the event name says, which
+    a person should hear about."""
+    return outcome(event, code) != outcome_of_event(event)
+
+
+def _family(event: str) -> str:
+    return event.partition(".")[0]

@@ -6,8 +6,10 @@ What a careless reading gets wrong, and what this module does instead:
 * ``timestamp`` (``yyyymmddHHMMss``, no zone) is read in the configured provider zone; the
   raw text is kept beside it;
 * ``transactionId`` ``-1`` (or ``"-1"``) means "no receipt": stored as absent;
-* the outcome comes from the code's band (``code % 100 >= 50`` is a failure, listed or
-  not), else from the event name, never from ``message`` text;
+* the outcome comes from the code (``code % 100 >= 50`` is a failure, listed or not; a
+  listed code of the event's service keeps its listed meaning, so 92002 on ``payout.failed``
+  is an approved payout still in flight), else from the event name, never from ``message``
+  text; a code that changes what the event name says is flagged (``code_event_conflict``);
 * an invoice block's amounts are read from the block (``amount`` on an invoice event is
   the invoice TOTAL, never money received); a block on ``payment.confirmed`` (a part
   payment against an invoice) is read too;
@@ -54,7 +56,7 @@ from decimal import Decimal
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from ingest.codes import CODES, GENERAL_EVENTS, is_failure_code, outcome, outcome_of_event
+from ingest.codes import CODES, GENERAL_EVENTS, code_contradicts_event, outcome
 from ingest.errors import BodyError
 from ingest.json_body import number_text
 from ingest.unstorable import lenient_object, raw_digest, storable_text
@@ -274,9 +276,7 @@ def read_general(body: dict[str, Any], zone: ZoneInfo) -> GeneralDelivery:
         "code": code,
         "code_known": known is not None,
         "outcome": outcome(event, code),
-        "code_event_conflict": (
-            code is not None and (is_failure_code(code) != (outcome_of_event(event) == "failure"))
-        ),
+        "code_event_conflict": code_contradicts_event(event, code),
         "transaction_id": _transaction_id(body, unread),
         "message": _described(body, "message", unread, limit=MAX_MESSAGE),
         "timestamp_raw": raw_timestamp,

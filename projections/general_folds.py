@@ -30,9 +30,10 @@ Row = dict[str, Any]
 
 PAYMENT_RANK = {"payment.failed": 1, "payment.confirmed": 2, "payment.refunded": 3}
 PAYOUT_RANK = {"payout.approved": 1, "payout.failed": 2, "payout.confirmed": 3}
-# A delivery's outcome comes from its code's band (``code % 100 >= 50`` is a failure) before
-# its event name, so the rank and the evidence slot follow the outcome: a payment.confirmed
-# carrying 91055 is a failure everywhere, never a success in one place and a failure in another.
+# A delivery's outcome comes from its code (its failure band, or a listed code's own meaning)
+# before its event name (``ingest.codes.outcome``), so the rank and the evidence slot follow
+# the outcome: a payment.confirmed carrying 91055 is a failure everywhere, never a success in
+# one place and a failure in another.
 PAYMENT_RANK_BY_OUTCOME = {"failure": 1, "success": 2, "refunded": 3}
 PAYOUT_RANK_BY_OUTCOME = {"pending": 1, "failure": 2, "success": 3}
 SLOT_OF_OUTCOME = {"success": "confirmed", "refunded": "refunded", "failure": "failed"}
@@ -142,12 +143,12 @@ def _amount_text(amount: Decimal) -> str:
 
 def _code_contradiction(subject: str, event: StoredEvent, counts_as: str,
                         at_risk: Decimal | None) -> Discrepancy:
-    """A delivery whose code's band contradicts its event name (the code decided)."""
+    """A delivery whose code contradicts its event name (the code decided)."""
     facts = event.facts
     return Discrepancy(
         kind="conflicting_events", subject=subject, reference=facts["reference"],
-        detail=f"code {facts.get('code')} contradicts event {facts['event']}; the code's "
-               f"band decides, so it counts as {counts_as}",
+        detail=f"code {facts.get('code')} contradicts event {facts['event']}; the code "
+               f"decides, so it counts as {counts_as}",
         amount_at_risk=at_risk, evidence=(event.dedupe_key,))
 
 
@@ -320,7 +321,7 @@ def sms_keys(event: StoredEvent) -> list[str]:
 
 def fold_sms(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrepancy]]:
     facts = _facts(event)
-    # the code's band decides over the event name, as for payments
+    # the code decides over the event name, as for payments
     status = "delivered" if facts.get("outcome") == "success" else "failed"
     rank = SMS_RANK[f"sms.{status}"]
     key = _event_key(event, rank)
@@ -361,7 +362,7 @@ def invoice_keys(event: StoredEvent) -> list[str]:
     if (event.event_type in PAYMENT_RANK and invoice and invoice.get("invoice_no")
             and event.facts.get("outcome") in ("success", "refunded")):
         # a part payment against an invoice, or its refund: money moved, and the block is
-        # the invoice after it. The code's band decides here as everywhere, so a
+        # the invoice after it. The code decides here as everywhere, so a
         # payment.confirmed carrying 91055 moved no money and never touches the invoice
         return [invoice["invoice_no"]]
     return []

@@ -81,6 +81,31 @@ def test_a_failure_code_on_a_confirmed_event_is_a_failure_and_flagged() -> None:
     assert facts["outcome"] == "failure" and facts["code_event_conflict"] is True
 
 
+@pytest.mark.parametrize(("event", "code", "outcome"), [
+    ("payout.failed", 92002, "pending"),       # approved and debited: not completed
+    ("payout.confirmed", 92002, "pending"),
+    ("payout.approved", 92000, "success"),
+    ("payment.confirmed", 91010, "refunded"),  # the money went back to the customer
+    ("payment.failed", 91010, "refunded"),
+    ("payment.refunded", 91000, "success"),
+])
+def test_a_listed_code_keeps_its_meaning_against_the_event_and_is_flagged(
+        event: str, code: int, outcome: str) -> None:
+    """A published code keeps its meaning for ever: 92002 on ``payout.failed`` is an
+    approved payout still in flight, not a completed one, and a person is told."""
+    facts = read_general(body(event=event, code=code), EAT).facts
+    assert facts["outcome"] == outcome and facts["code_event_conflict"] is True
+
+
+@pytest.mark.parametrize(("event", "code"), [
+    ("payment.confirmed", 91000), ("payment.confirmed", 91001), ("payment.confirmed", 91042),
+    ("payout.approved", 92002), ("payout.approved", 92001), ("payout.confirmed", 92000),
+    ("payment.refunded", 91010), ("payout.failed", 92057), ("payment.confirmed", 92000),
+])
+def test_a_code_that_agrees_with_its_event_is_not_flagged(event: str, code: int) -> None:
+    assert read_general(body(event=event, code=code), EAT).facts["code_event_conflict"] is False
+
+
 def test_invoice_block_amounts_are_read_from_the_block() -> None:
     invoice = {"invoiceNo": "INV-7", "total": 100000, "amountPaid": Decimal("40000.00"),
                "amountDue": Decimal("60000.00"), "currency": "TZS", "dueDate": "2026-12-01",

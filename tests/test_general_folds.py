@@ -165,6 +165,33 @@ def test_a_failed_payout_is_refunded_to_the_wallet() -> None:
     assert (rows["O"]["outcome"], rows["O"]["refunded_to_wallet"]) == ("failure", True)
 
 
+def test_an_approval_code_on_a_failed_payout_is_in_flight_not_completed() -> None:
+    """92002 is "approved and debited", whatever event word it came with: the payout is
+    pending (not a success, not refunded), a person is told, and the confirmation that
+    follows completes it with no failure-beside-success conflict."""
+    odd = ev("payout.failed", 92002, reference="O", service="Disbursement", amount=1000,
+             status="APPROVED")
+    confirmed = ev("payout.confirmed", 92000, reference="O", service="Disbursement",
+                   amount=1000, timestamp="20261122083100")
+    rows, found = fold_all("payouts", [odd])
+    assert (rows["O"]["outcome"], rows["O"]["refunded_to_wallet"]) == ("pending", False)
+    assert [(d.kind, d.detail.split(";")[0]) for d in found] == [
+        ("conflicting_events", "code 92002 contradicts event payout.failed")]
+    assert "counts as pending" in found[0].detail
+    for order in ([odd, confirmed], [confirmed, odd]):
+        rows, found = fold_all("payouts", order)
+        assert (rows["O"]["outcome"], rows["O"]["code"]) == ("success", 92000)
+        assert [d.evidence for d in found] == [(odd.dedupe_key,)]
+
+
+def test_a_refund_code_on_a_confirmation_is_a_refund() -> None:
+    rows, found = fold_all("payments", [ev("payment.confirmed", 91010, reference="P",
+                                           amount=1500)])
+    assert rows["P"]["outcome"] == "refunded"
+    assert [d.detail.split(";")[0] for d in found] == [
+        "code 91010 contradicts event payment.confirmed"]
+
+
 def test_a_payout_failure_beside_a_confirmation_is_a_conflict_and_not_refunded() -> None:
     confirmed = ev("payout.confirmed", 92000, reference="O", service="Disbursement",
                    amount=1000)
