@@ -99,8 +99,8 @@ def test_a_refund_webhook_after_a_recovered_success_resolves_its_missing_webhook
     with running_sandbox(state=state) as api:
         reconcile(db_url, api.url)
         assert discrepancies(db_url) == [("missing_webhook", "collection", "C-R", Decimal(800))]
-        state.record_general(body("payment.refunded", 91000, reference="C-R", amount=800))
-        deliver(db_url, "payment.refunded", 91000, reference="C-R", amount=800)
+        state.record_general(body("payment.refunded", 91010, reference="C-R", amount=800))
+        deliver(db_url, "payment.refunded", 91010, reference="C-R", amount=800)
         reconcile(db_url, api.url)
     assert discrepancies(db_url) == []
     assert rows(db_url, "SELECT resolution FROM hookledger.discrepancies") == [
@@ -223,8 +223,8 @@ def test_a_malformed_delivery_after_the_payment_was_checked_is_asked_about_at_on
     with running_sandbox(state=state) as api:
         reconcile(db_url, api.url)
         assert discrepancies(db_url) == []
-        state.record_general(body("payment.refunded", 91000, reference="C-M2", amount=900))
-        deliver(db_url, "payment.refunded", 91000, reference="C-M2", amount="900")
+        state.record_general(body("payment.refunded", 91010, reference="C-M2", amount=900))
+        deliver(db_url, "payment.refunded", 91010, reference="C-M2", amount="900")
         assert discrepancies(db_url) == [("malformed_delivery", "collection", "C-M2", None)]
         result = reconcile(db_url, api.url)
     assert result.recovered == ["C-M2"]
