@@ -21,8 +21,9 @@ Rules, in words:
 re-check agrees with a recovered state by construction, so it proves nothing.
 
 A finding a person resolved (``hookledger resolve``) is not opened again while a check
-finds exactly it again (its kind and detail, which name the states and amounts): the person
-has looked, and a mismatch so found is settled (asked about again once its row changes).
+finds exactly it again (its kind and detail, which name the states and amounts, read with
+one spelling per amount: 1000 and 1000.00 are the same money): the person has looked, and
+a mismatch so found is settled (asked about again once its row changes).
 An answer that changed is a new finding.
 
 A finding of a kind already open is news only when the provider's outcome changed: the
@@ -33,6 +34,7 @@ someone to deliver goods for money that went back. The same outcome again opens 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -240,7 +242,8 @@ def decide(local: Local, lookup: Lookup, *, now: datetime, window: timedelta) ->
     result = "recovered" if recover else "mismatch" if mismatch else "agrees"
     # a mismatch a person resolved, found again unchanged, is settled: asked about again
     # when the row changes (and by the refund re-check), not every backoff for ever
-    looked_at = all((d.kind, d.detail) in local.dismissed for d in found
+    dismissed = _dismissed(local)
+    looked_at = all((d.kind, same_amounts(d.detail)) in dismissed for d in found
                     if d.kind in ("status_mismatch", "amount_mismatch"))
     return _verdict(result, recover, found, resolve, local, settled=looked_at)
 
@@ -251,16 +254,17 @@ def _verdict(result: str, recover: ProviderRecord | None, found: Sequence[Detect
     outcome; a finding whose outcome changed supersedes the open ones of its kind (resolved
     here, each with its reason)."""
     opened = local.open
+    dismissed = _dismissed(local)
     fresh: list[Detection] = []
     reasons: list[tuple[str, str]] = list(resolve)
     for found_one in found:
         same_kind = [o for o in opened if o.kind == found_one.kind]
         outcome = found_one.facts.get("provider_outcome")
-        if (found_one.kind, found_one.detail) in local.dismissed:
+        if (found_one.kind, same_amounts(found_one.detail)) in dismissed:
             # opens nothing; what is open of its kind closes as a fresh finding would close
             # it, and a copy of it (reopened before the person's resolution was kept) too
             reasons += [(o.id, "a person resolved the same finding") for o in same_kind
-                        if o.detail == found_one.detail]
+                        if same_amounts(o.detail) == same_amounts(found_one.detail)]
             reasons += [(o.id, f"superseded: the provider now reports "
                                f"{outcome or 'another record'}")
                         for o in same_kind if o.facts.get("provider_outcome") != outcome]
@@ -274,6 +278,22 @@ def _verdict(result: str, recover: ProviderRecord | None, found: Sequence[Detect
     for discrepancy_id, reason in reasons:
         first_reason.setdefault(discrepancy_id, reason)
     return Verdict(result, recover, tuple(fresh), tuple(first_reason.items()), settled)
+
+
+# a decimal number in a finding's text: 1000.00 -> 1000, 12.50 -> 12.5
+_DECIMAL = re.compile(r"(?<![\w.])(\d+)\.(\d+)(?![\w.])")
+
+
+def same_amounts(detail: str) -> str:
+    """A finding's text with each decimal amount in one spelling, so the provider writing
+    1000 one day and 1000.00 the next (or a numeric column's own scale) is not news."""
+    def one_spelling(match: re.Match[str]) -> str:
+        return format(Decimal(match.group(0)).normalize(), "f")
+    return _DECIMAL.sub(one_spelling, detail)
+
+
+def _dismissed(local: Local) -> frozenset[tuple[str, str]]:
+    return frozenset((kind, same_amounts(detail)) for kind, detail in local.dismissed)
 
 
 def settle(kind: str, facts: Mapping[str, Any], row: Mapping[str, Any] | None) -> str | None:

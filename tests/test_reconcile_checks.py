@@ -430,6 +430,30 @@ def test_a_finding_a_person_resolved_is_not_found_again_unless_it_changed(
     assert again.resolve == ()  # dismissed is not agreed: nothing open is resolved by it
 
 
+@given(paid=st.integers(min_value=0, max_value=10**9),
+       first_zeros=st.integers(min_value=0, max_value=3),
+       later_zeros=st.integers(min_value=0, max_value=3),
+       local_zeros=st.integers(min_value=0, max_value=3))
+def test_a_finding_a_person_resolved_is_the_same_whatever_the_amounts_spelling(
+        paid: int, first_zeros: int, later_zeros: int, local_zeros: int) -> None:
+    """The provider may write 1000 one day and 1000.00 the next (a numeric column gives
+    its own scale too): the same money is the same finding, not news that reopens it."""
+    def spelt(value: int, zeros: int) -> Decimal:
+        return Decimal(value).quantize(Decimal(1).scaleb(-zeros)) if zeros else Decimal(value)
+    expected = spelt(paid + 500, local_zeros)
+    local = Local("collection", "R", "success", "SUCCESSFUL", spelt(paid, local_zeros),
+                  since=NOW - timedelta(hours=1), expected_amount=expected)
+    [first] = decide(local, Lookup("R", "found", record("success", spelt(paid, first_zeros))),
+                     now=NOW, window=WINDOW).detect
+    looked = dataclasses.replace(local, dismissed=frozenset({(first.kind, first.detail)}))
+    again = decide(looked, Lookup("R", "found", record("success", spelt(paid, later_zeros))),
+                   now=NOW, window=WINDOW)
+    assert again.detect == () and again.settled
+    other = decide(looked, Lookup("R", "found", record("success", spelt(paid + 1, later_zeros))),
+                   now=NOW, window=WINDOW)
+    assert [d.kind for d in other.detect] == ["amount_mismatch"]
+
+
 def test_a_cancelled_invoice_paid_settles_once_the_money_went_back() -> None:
     kind = "cancelled_invoice_paid"
     assert settle(kind, {}, {"subject": "invoice", "amount_paid": Decimal("0.00")})
