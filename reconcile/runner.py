@@ -253,13 +253,20 @@ class Reconciler:
         repaired: list[tuple[str, str]] = []
         async with conn.transaction():
             appended = await self._append(conn, events, spans, marks, result, now)
-            for index, subject, reference in recoveries:
-                if (done := appended[index]) is None:
-                    continue  # its subject's answer could not be kept (see _append)
-                # the recovered event changes the row: that change needs no re-check
-                position = done.position
-                marks = [(s, r, t, max(p, position) if (s, r) == (subject, reference) else p,
-                          n, res, pid) for s, r, t, p, n, res, pid in marks]
+            kept = [(subject, reference, done) for index, subject, reference in recoveries
+                    # None: its subject's answer could not be kept (see _append)
+                    if (done := appended[index]) is not None]
+            # a webhook that came during the lookup was never seen by the check: its
+            # subject stays due (the recovery's position would have covered it)
+            unseen = await store.arrived_meanwhile(conn, [
+                (subject, reference, positions[(subject, reference)], done.position)
+                for subject, reference, done in kept])
+            for subject, reference, done in kept:
+                if (subject, reference) not in unseen:
+                    # the recovered event changes the row: that change needs no re-check
+                    position = done.position
+                    marks = [(s, r, t, max(p, position) if (s, r) == (subject, reference)
+                              else p, n, res, pid) for s, r, t, p, n, res, pid in marks]
                 if not done.duplicate:
                     repaired.append((subject, reference))
             await store.mark_checked(conn, marks)

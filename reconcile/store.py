@@ -224,6 +224,23 @@ async def known_references(conn: Connection, wanted: Sequence[tuple[str, str]]
     return known
 
 
+async def arrived_meanwhile(conn: Connection, spans: Sequence[tuple[str, str, int, int]]
+                            ) -> set[tuple[str, str]]:
+    """Which (subject, reference, seen, recovered) had an event other than the reconciler's
+    appended after the position its check saw and before its recovery: a webhook that came
+    during the lookup (or one the projector had not folded yet), which the check never saw."""
+    if not spans:
+        return set()
+    cur = await conn.execute(
+        "SELECT s.subject, s.reference FROM unnest(%s::text[], %s::text[], %s::bigint[], "
+        "%s::bigint[]) AS s(subject, reference, seen, recovered) WHERE EXISTS (SELECT 1 FROM "
+        "hookledger_private.ledger_events e WHERE e.stream = s.subject || ':' || s.reference "
+        "AND e.position > s.seen AND e.position < s.recovered AND e.source <> 'reconciler')",
+        ([x[0] for x in spans], [x[1] for x in spans], [x[2] for x in spans],
+         [x[3] for x in spans]))
+    return {(str(subject), str(reference)) for subject, reference in await cur.fetchall()}
+
+
 async def mark_checked(conn: Connection, marks: Sequence[tuple[str, str, datetime, int,
                                                                datetime | None, str, str]]
                        ) -> None:

@@ -20,6 +20,7 @@ from sandbox.faults import FaultSettings
 from sandbox.runner import running_sandbox
 from tests.dbutil import refuse_event_type
 from tests.general_events import INVOICE
+from tests.projection_events import kept_event
 from tests.reconcile_helpers import (
     CountingState,
     append,
@@ -837,3 +838,46 @@ def test_an_invoice_cancelled_with_money_received_is_open_until_the_money_goes_b
         reconcile(db_url, api.url)
     assert rows(db_url, found) == [("cancelled_invoice_paid", Decimal(20000), "resolved",
                                     "the money received was refunded", "reconciler")]
+
+
+class WebhookDuringLookup(CountingState):
+    """A provider whose webhook for ``reference`` reaches the ledger while hookledger's
+    lookup of it is in flight (appended, not yet projected)."""
+
+    def __init__(self, url: str, reference: str, webhook: NewEvent) -> None:
+        super().__init__()
+        self._url, self._reference, self._webhook = url, reference, webhook
+        self.sent = False
+
+    def record(self, reference: str) -> dict[str, Any] | None:
+        if reference == self._reference and not self.sent:
+            self.sent = True
+            sender = threading.Thread(target=asyncio.run,
+                                      args=(append(self._url, [self._webhook]),))
+            sender.start()
+            sender.join()
+        return super().record(reference)
+
+
+def test_a_webhook_arriving_during_a_lookup_that_recovers_is_still_checked(
+        db_url: str) -> None:
+    """The pass recovers the provider's confirmation while the confirmation's own webhook
+    arrives with another amount. The check never saw that webhook, so the subject is not
+    marked seen past it: it is asked about again once the webhook is folded, and the amounts
+    are found to differ (before, the recovery's position covered it, and only a rolling
+    re-check could find it)."""
+    deliver(db_url, "payout.approved", 92002, reference="PO-W", amount=1000,
+            service="Disbursement", status="APPROVED", timestamp=ts_ago(hours=1))
+    webhook = kept_event("payout.confirmed", 92000, reference="PO-W", amount=900,
+                         service="Disbursement", timestamp=ts_ago(minutes=30))
+    state = WebhookDuringLookup(db_url, "PO-W", webhook)
+    state.record_general(body("payout.confirmed", 92000, reference="PO-W", amount=1000,
+                              service="Disbursement", timestamp=ts_ago(minutes=30)))
+    with running_sandbox(state=state) as api:
+        first = reconcile(db_url, api.url)
+        assert state.sent and first.recovered == ["PO-W"]
+        asyncio.run(project(db_url))
+        assert rows(db_url, "SELECT outcome, amount FROM hookledger.payouts") == [
+            ("success", Decimal(900))]
+        reconcile(db_url, api.url)
+    assert ("amount_mismatch", "payout", "PO-W", Decimal(100)) in discrepancies(db_url)
