@@ -117,27 +117,44 @@ def outcome_of_event(event: str) -> Outcome:
 
 
 def outcome(event: str, code: int | None) -> Outcome:
-    """The outcome: a code's failure band wins over the event name; a listed code of the
-    event's own service keeps its listed meaning (92002 on ``payout.failed`` is an approved
-    payout in flight, 91010 on ``payment.confirmed`` a refund); an unlisted success-band code
-    on a ``*.failed`` event is a success; else the event decides."""
+    """The outcome, in this order: a code's failure band; a listed code of the event's own
+    service that reads as something other than a success keeps that meaning (92002 on
+    ``payout.failed`` is an approved payout in flight, 91010 on ``payment.confirmed`` a
+    refund); any other success-band code on a ``*.failed`` event is a success (the code is
+    the contract); else the event name.
+
+    A listed code never turns a refund or an approval into a success: where the two words
+    disagree, the reading that does not call money settled wins, and the contradiction is
+    flagged (:func:`code_contradicts_event`) for a person."""
     by_event = outcome_of_event(event)
     if code is None:
         return by_event
     if is_failure_code(code):
         return "failure"
-    listed = CODES.get(code)
-    if listed is not None and _family(listed.event) == _family(event):
-        return outcome_of_event(listed.event)
+    by_code = _listed_outcome(event, code)
+    if by_code is not None and by_code != "success":
+        return by_code
     if by_event == "failure":
-        return "success"  # a success-band code on a *.failed event: the code is the contract
+        return "success"
     return by_event
 
 
 def code_contradicts_event(event: str, code: int | None) -> bool:
-    """Whether the code made the outcome something other than the event name says, which
+    """Whether the code and the event name say different things (whichever was read), which
     a person should hear about."""
-    return outcome(event, code) != outcome_of_event(event)
+    by_event = outcome_of_event(event)
+    if code is None:
+        return False
+    listed = _listed_outcome(event, code)
+    return outcome(event, code) != by_event or (listed is not None and listed != by_event)
+
+
+def _listed_outcome(event: str, code: int) -> Outcome | None:
+    """What a listed code of the event's own service means by itself, or None."""
+    listed = CODES.get(code)
+    if listed is None or _family(listed.event) != _family(event):
+        return None
+    return outcome_of_event(listed.event)
 
 
 def _family(event: str) -> str:

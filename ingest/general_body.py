@@ -7,9 +7,10 @@ What a careless reading gets wrong, and what this module does instead:
   raw text is kept beside it;
 * ``transactionId`` ``-1`` (or ``"-1"``) means "no receipt": stored as absent;
 * the outcome comes from the code (``code % 100 >= 50`` is a failure, listed or not; a
-  listed code of the event's service keeps its listed meaning, so 92002 on ``payout.failed``
-  is an approved payout still in flight), else from the event name, never from ``message``
-  text; a code that changes what the event name says is flagged (``code_event_conflict``);
+  listed code of the event's service that is no success keeps its listed meaning, so 92002
+  on ``payout.failed`` is an approved payout still in flight), else from the event name,
+  never from ``message`` text; a code that says otherwise than the event name is flagged
+  (``code_event_conflict``);
 * an invoice block's amounts are read from the block (``amount`` on an invoice event is
   the invoice TOTAL, never money received); a block on ``payment.confirmed`` (a part
   payment against an invoice) is read too;

@@ -84,15 +84,18 @@ def test_a_failure_code_on_a_confirmed_event_is_a_failure_and_flagged() -> None:
 @pytest.mark.parametrize(("event", "code", "outcome"), [
     ("payout.failed", 92002, "pending"),       # approved and debited: not completed
     ("payout.confirmed", 92002, "pending"),
-    ("payout.approved", 92000, "success"),
     ("payment.confirmed", 91010, "refunded"),  # the money went back to the customer
     ("payment.failed", 91010, "refunded"),
-    ("payment.refunded", 91000, "success"),
+    # a success code never makes a refund or an approval settled money
+    ("payment.refunded", 91000, "refunded"),
+    ("payment.refunded", 91001, "refunded"),
+    ("payout.approved", 92000, "pending"),
 ])
 def test_a_listed_code_keeps_its_meaning_against_the_event_and_is_flagged(
         event: str, code: int, outcome: str) -> None:
     """A published code keeps its meaning for ever: 92002 on ``payout.failed`` is an
-    approved payout still in flight, not a completed one, and a person is told."""
+    approved payout still in flight, not a completed one, and a person is told. Where the
+    two disagree, the reading that does not call money settled wins."""
     facts = read_general(body(event=event, code=code), EAT).facts
     assert facts["outcome"] == outcome and facts["code_event_conflict"] is True
 
