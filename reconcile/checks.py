@@ -280,15 +280,19 @@ def _verdict(result: str, recover: ProviderRecord | None, found: Sequence[Detect
     return Verdict(result, recover, tuple(fresh), tuple(first_reason.items()), settled)
 
 
-# a decimal number in a finding's text: 1000.00 -> 1000, 12.50 -> 12.5
-_DECIMAL = re.compile(r"(?<![\w.])(\d+)\.(\d+)(?![\w.])")
+# a number with a fraction or an exponent in a finding's text (1000.00, 1E+3): the ends
+# keep a sentence's full stop out and a reference's digits whole
+_DECIMAL = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?:[eE][+-]?\d+)?(?![\w]|\.\d)")
 
 
 def same_amounts(detail: str) -> str:
-    """A finding's text with each decimal amount in one spelling, so the provider writing
-    1000 one day and 1000.00 the next (or a numeric column's own scale) is not news."""
+    """A finding's text with each amount in one spelling, so the provider writing 1000 one
+    day and 1000.00 (or 1E+3) the next, or a numeric column's own scale, is not news. Exact:
+    no rounding, however many places (``Decimal.normalize`` rounds to its context's 28
+    digits, which would make two different amounts one)."""
     def one_spelling(match: re.Match[str]) -> str:
-        return format(Decimal(match.group(0)).normalize(), "f")
+        text = format(Decimal(match.group(0)), "f")
+        return text.rstrip("0").rstrip(".") if "." in text else text
     return _DECIMAL.sub(one_spelling, detail)
 
 

@@ -257,12 +257,16 @@ class Reconciler:
                     # None: its subject's answer could not be kept (see _append)
                     if (done := appended[index]) is not None]
             # a webhook that came during the lookup was never seen by the check: its
-            # subject stays due (the recovery's position would have covered it)
+            # subject is due again at once, once folded (the recovery's position would
+            # have covered it, and the recovery settled the subject)
             unseen = await store.arrived_meanwhile(conn, [
                 (subject, reference, positions[(subject, reference)], done.position)
                 for subject, reference, done in kept])
             for subject, reference, done in kept:
-                if (subject, reference) not in unseen:
+                if (subject, reference) in unseen:
+                    marks = [(s, r, t, p, now if (s, r) == (subject, reference) else n, res,
+                              pid) for s, r, t, p, n, res, pid in marks]
+                else:
                     # the recovered event changes the row: that change needs no re-check
                     position = done.position
                     marks = [(s, r, t, max(p, position) if (s, r) == (subject, reference)

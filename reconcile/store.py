@@ -17,6 +17,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
+from projections.general_folds import PAYMENT_RANK, PAYOUT_RANK
 from reconcile.checks import CHECK_KINDS, SUCCESSORS, Local, OpenDiscrepancy
 
 Connection = psycopg.AsyncConnection[Any]
@@ -224,20 +225,25 @@ async def known_references(conn: Connection, wanted: Sequence[tuple[str, str]]
     return known
 
 
+# the webhooks a payments or payouts row folds (a malformed copy on the stream is not one)
+FOLDED_WEBHOOKS = sorted({*PAYMENT_RANK, *PAYOUT_RANK})
+
+
 async def arrived_meanwhile(conn: Connection, spans: Sequence[tuple[str, str, int, int]]
                             ) -> set[tuple[str, str]]:
-    """Which (subject, reference, seen, recovered) had an event other than the reconciler's
-    appended after the position its check saw and before its recovery: a webhook that came
-    during the lookup (or one the projector had not folded yet), which the check never saw."""
+    """Which (subject, reference, seen, recovered) had a webhook its row folds appended
+    after the position its check saw and before its recovery: one that came during the
+    lookup (or one the projector had not folded yet), which the check never saw."""
     if not spans:
         return set()
     cur = await conn.execute(
         "SELECT s.subject, s.reference FROM unnest(%s::text[], %s::text[], %s::bigint[], "
         "%s::bigint[]) AS s(subject, reference, seen, recovered) WHERE EXISTS (SELECT 1 FROM "
         "hookledger_private.ledger_events e WHERE e.stream = s.subject || ':' || s.reference "
-        "AND e.position > s.seen AND e.position < s.recovered AND e.source <> 'reconciler')",
+        "AND e.position > s.seen AND e.position < s.recovered AND e.source <> 'reconciler' "
+        "AND e.event_type = ANY(%s))",
         ([x[0] for x in spans], [x[1] for x in spans], [x[2] for x in spans],
-         [x[3] for x in spans]))
+         [x[3] for x in spans], FOLDED_WEBHOOKS))
     return {(str(subject), str(reference)) for subject, reference in await cur.fetchall()}
 
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from ingest.codes import CODES
 from ingest.codes import outcome as webhook_outcome
-from reconcile.checks import Local, OpenDiscrepancy, decide, settle
+from reconcile.checks import Local, OpenDiscrepancy, decide, same_amounts, settle
 from reconcile.client import Lookup, backoff_delay, parse_envelope, retry_after_seconds
 from reconcile.errors import MalformedEnvelope, MappingError
 from reconcile.findings import recovered_event
@@ -452,6 +452,19 @@ def test_a_finding_a_person_resolved_is_the_same_whatever_the_amounts_spelling(
     other = decide(looked, Lookup("R", "found", record("success", spelt(paid + 1, later_zeros))),
                    now=NOW, window=WINDOW)
     assert [d.kind for d in other.detect] == ["amount_mismatch"]
+
+
+@pytest.mark.parametrize(("one", "other", "same"), [
+    ("1000.00 TZS paid of 1500 TZS expected", "1000 TZS paid of 1500.0 TZS expected", True),
+    ("webhooks say 1E+3 TZS", "webhooks say 1000 TZS", True),
+    ("12.50 received.", "12.5 received.", True),
+    # exact: 28 significant digits are no limit to telling two amounts apart
+    ("1000.000000000000000000000000001 TZS", "1000 TZS", False),
+    ("0.5 TZS", "5 TZS", False),
+])
+def test_amounts_in_a_finding_are_compared_in_one_exact_spelling(one: str, other: str,
+                                                                 same: bool) -> None:
+    assert (same_amounts(one) == same_amounts(other)) is same
 
 
 def test_a_cancelled_invoice_paid_settles_once_the_money_went_back() -> None:
