@@ -86,6 +86,21 @@ def live_projector(settings: Settings, database_url: str,
                          coalesce_s=settings.projector_coalesce_ms / 1000, name=name)
 
 
+READY_CHECK_S = 3.0  # /readyz waits this long for the database's answer
+
+
+async def _read_only(pool: AsyncConnectionPool) -> bool:
+    async with pool.connection(timeout=2) as conn:
+        cur = await conn.execute("SHOW transaction_read_only")
+        return bool((await cur.fetchone() or ("off",))[0] == "on")
+
+
+def _retrieved(task: asyncio.Future[bool]) -> None:
+    """Read an abandoned check's end, so that asyncio logs no unretrieved exception."""
+    if not task.cancelled():
+        task.exception()
+
+
 def create_app(settings: Settings, database_url: str, *,
                projector_name: str | None = None) -> WebhookFastPath:
     """The service. Without ``projector_name`` it runs its own live projector; with one,
@@ -226,10 +241,18 @@ def create_app(settings: Settings, database_url: str, *,
         if runtime is None:
             return JSONResponse({"status": "starting"}, status_code=503)
         spooled = runtime.spool.depth()
+        check = asyncio.ensure_future(_read_only(runtime.pool))
+        await asyncio.wait({check}, timeout=READY_CHECK_S)
+        if not check.done():
+            # a connection whose packets vanish answers nothing until TCP gives up (hours):
+            # answered now, the check is cancelled behind the answer (psycopg's cancel of a
+            # query can itself wait seconds), and a probe never piles up behind another
+            check.cancel()
+            check.add_done_callback(_retrieved)
+            return JSONResponse({"status": "unready", "database": "timeout",
+                                 "spool_bytes": spooled}, status_code=503)
         try:
-            async with runtime.pool.connection(timeout=2) as conn:
-                cur = await conn.execute("SHOW transaction_read_only")
-                read_only = (await cur.fetchone() or ("off",))[0] == "on"
+            read_only = check.result()
         except Exception as exc:  # noqa: BLE001 - any failure means "not ready"
             return JSONResponse({"status": "unready", "database": type(exc).__name__,
                                  "spool_bytes": spooled}, status_code=503)

@@ -6,6 +6,7 @@ import socket
 import tempfile
 import threading
 from typing import Any
+from urllib.parse import quote, urlencode
 
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -28,6 +29,8 @@ class SocketRelay:
         self._listener.bind(f"{folder}/.s.PGSQL.{port}")
         self._listener.listen()
         self._clients: list[socket.socket] = []
+        self._flowing = threading.Event()
+        self._flowing.set()
         self._servers: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -44,13 +47,28 @@ class SocketRelay:
             for source, target in ((client, server), (server, client)):
                 threading.Thread(target=self._pump, args=(source, target), daemon=True).start()
 
-    @staticmethod
-    def _pump(source: Any, target: Any) -> None:
+    def _pump(self, source: Any, target: Any) -> None:
         try:
             while data := source.recv(65536):
+                self._flowing.wait()
                 target.sendall(data)
         except OSError:
             pass  # never closes the other side: the server's stays open
+
+    @property
+    def postgresql_url(self) -> str:
+        """The relay as a ``postgresql://`` URL, the form hookledger's settings take."""
+        params = conninfo_to_dict(self.url)
+        user = quote(str(params.get("user") or ""), safe="")
+        query = urlencode({k: v for k, v in params.items() if k not in ("user", "dbname")})
+        return f"postgresql://{user}@/{quote(str(params.get('dbname') or ''), safe='')}?{query}"
+
+    def hold(self) -> None:
+        """Stop passing bytes either way, closing nothing: packets that silently vanish."""
+        self._flowing.clear()
+
+    def release(self) -> None:
+        self._flowing.set()
 
     def cut_clients(self) -> None:
         for client in self._clients:

@@ -34,6 +34,7 @@ from tests.chat_events import encode as chat_encode
 from tests.dbutil import refuse_event_type
 from tests.general_events import encode, general_body
 from tests.live import running_service
+from tests.relay import SocketRelay
 from tests.signing import general_header
 
 
@@ -505,6 +506,29 @@ def test_readyz_is_503_while_the_database_is_read_only(db_url: str) -> None:
         answer = httpx.get(f"{base}/readyz", timeout=10)
     assert answer.status_code == 503
     assert answer.json()["database"] == "read_only"
+
+
+def test_readyz_answers_503_in_seconds_when_the_database_stops_answering(
+        db_url: str) -> None:
+    """Packets that vanish (a dead route, a firewall dropping them) leave a pooled
+    connection waiting for hours: the probe answered nothing meanwhile, and every probe
+    held another connection of the pool that ingest appends through."""
+    relay = SocketRelay(db_url)
+    try:
+        with running_service(relay.postgresql_url, general_secrets="main=whsec-main") as base:
+            assert httpx.get(f"{base}/readyz", timeout=10).status_code == 200
+            relay.hold()
+            try:
+                started = time.monotonic()
+                answer = httpx.get(f"{base}/readyz", timeout=30)
+                waited = time.monotonic() - started
+            finally:
+                relay.release()
+            assert httpx.get(f"{base}/readyz", timeout=30).status_code == 200
+    finally:
+        relay.close()
+    assert answer.status_code == 503 and answer.json()["database"] == "timeout"
+    assert waited < 10
 
 
 def test_a_chat_delivery_during_an_outage_verifies_with_the_secrets_read_last_and_is_spooled(
