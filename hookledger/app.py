@@ -95,8 +95,12 @@ async def _read_only(pool: AsyncConnectionPool) -> bool:
         return bool((await cur.fetchone() or ("off",))[0] == "on")
 
 
+_abandoned: set[asyncio.Future[bool]] = set()  # held until they end
+
+
 def _retrieved(task: asyncio.Future[bool]) -> None:
     """Read an abandoned check's end, so that asyncio logs no unretrieved exception."""
+    _abandoned.discard(task)
     if not task.cancelled():
         task.exception()
 
@@ -242,13 +246,17 @@ def create_app(settings: Settings, database_url: str, *,
             return JSONResponse({"status": "starting"}, status_code=503)
         spooled = runtime.spool.depth()
         check = asyncio.ensure_future(_read_only(runtime.pool))
-        await asyncio.wait({check}, timeout=READY_CHECK_S)
-        if not check.done():
-            # a connection whose packets vanish answers nothing until TCP gives up (hours):
-            # answered now, the check is cancelled behind the answer (psycopg's cancel of a
-            # query can itself wait seconds), and a probe never piles up behind another
-            check.cancel()
-            check.add_done_callback(_retrieved)
+        try:
+            await asyncio.wait({check}, timeout=READY_CHECK_S)
+        finally:
+            if not check.done():
+                # a connection whose packets vanish answers nothing until TCP gives up
+                # (hours): answered now, the check is cancelled behind the answer
+                # (psycopg's cancel of a query waits up to about 10 s, then closes it)
+                check.cancel()
+                _abandoned.add(check)
+                check.add_done_callback(_retrieved)
+        if check.cancelled() or not check.done():
             return JSONResponse({"status": "unready", "database": "timeout",
                                  "spool_bytes": spooled}, status_code=503)
         try:

@@ -123,9 +123,9 @@ def outcome(event: str, code: int | None) -> Outcome:
     refund); any other success-band code on a ``*.failed`` event is a success (the code is
     the contract); else the event name.
 
-    A listed code never turns a refund or an approval into a success: where the two words
-    disagree, the reading that does not call money settled wins, and the contradiction is
-    flagged (:func:`code_contradicts_event`) for a person."""
+    A listed success code never turns a refund or an approval into a success (the reading
+    that does not call that money settled stands); every contradiction is flagged
+    (:func:`code_contradicts_event`) for a person."""
     by_event = outcome_of_event(event)
     if code is None:
         return by_event

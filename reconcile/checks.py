@@ -280,9 +280,12 @@ def _verdict(result: str, recover: ProviderRecord | None, found: Sequence[Detect
     return Verdict(result, recover, tuple(fresh), tuple(first_reason.items()), settled)
 
 
-# a number with a fraction or an exponent in a finding's text (1000.00, 1E+3): the ends
-# keep a sentence's full stop out and a reference's digits whole
-_DECIMAL = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?:[eE][+-]?\d+)?(?![\w]|\.\d)")
+# a number with a fraction or a short exponent in a finding's text (1000.00, 1E+3); plain
+# integers are left as written (``INV-00100`` stays itself), and so is an exponent of three
+# digits or more, whose digits written out could take gigabytes (the text holds the
+# provider's status word and references, not only amounts, which are bounded)
+_DECIMAL = re.compile(
+    r"(?<![\w.])\d+(?:\.\d+(?:[eE][+-]?\d{1,2})?|[eE][+-]?\d{1,2})(?![\w]|\.\d)")
 
 
 def same_amounts(detail: str) -> str:

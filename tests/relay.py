@@ -76,4 +76,7 @@ class SocketRelay:
             client.close()
 
     def close(self) -> None:
+        self.release()
         self._listener.close()
+        for connection in (*self._clients, *self._servers):
+            connection.close()
