@@ -262,17 +262,14 @@ class Reconciler:
             unseen = await store.arrived_meanwhile(conn, [
                 (subject, reference, positions[(subject, reference)], done.position)
                 for subject, reference, done in kept])
-            for subject, reference, done in kept:
-                if (subject, reference) in unseen:
-                    marks = [(s, r, t, p, now if (s, r) == (subject, reference) else n, res,
-                              pid) for s, r, t, p, n, res, pid in marks]
-                else:
-                    # the recovered event changes the row: that change needs no re-check
-                    position = done.position
-                    marks = [(s, r, t, max(p, position) if (s, r) == (subject, reference)
-                              else p, n, res, pid) for s, r, t, p, n, res, pid in marks]
-                if not done.duplicate:
-                    repaired.append((subject, reference))
+            # the recovered event changes the row: that change needs no re-check
+            seen_to = {(subject, reference): done.position for subject, reference, done in kept
+                       if (subject, reference) not in unseen}
+            marks = [(s, r, t, max(p, seen_to.get((s, r), p)),
+                      now if (s, r) in unseen else n, res, pid)
+                     for s, r, t, p, n, res, pid in marks]
+            repaired += [(subject, reference) for subject, reference, done in kept
+                         if not done.duplicate]
             await store.mark_checked(conn, marks)
         # told once committed: told inside, a commit that failed was counted and logged,
         # and counted again when the chunk was done again
