@@ -487,6 +487,18 @@ def _resaved_cancelled(event: StoredEvent) -> bool:
     return isinstance(word, str) and word.strip().upper() in CANCELLED_WORDS
 
 
+def cancelled_with_money(number: str, received: Decimal) -> Discrepancy:
+    """The finding that invoice ``number`` is cancelled with ``received`` on it: one per
+    amount (its key names the amount in one spelling), whoever finds it, the projector
+    from a cancellation's block or the reconcile pass from the invoice's row."""
+    spelled = _amount_text(received)
+    return Discrepancy(
+        kind="cancelled_invoice_paid", subject="invoice", reference=number,
+        detail=f"invoice {number} is cancelled with {spelled} received: refund the "
+               f"customer or reinstate the invoice",
+        amount_at_risk=received, evidence=(f"received:{spelled}",))
+
+
 def fold_invoice(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrepancy]]:
     """Each field from the latest event that gives it; settled exactly when amount_due is 0.
 
@@ -536,13 +548,9 @@ def fold_invoice(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrep
             state["conflicted"] = True
     if cancelled_now and (held := values["amount_paid"]) is not None and held > 0:
         # the event's own word (cancelled, with this much received), not the row's, so the
-        # findings are the same whatever order the events arrive in
-        received = format(held.normalize(), "f")
-        found.append(Discrepancy(
-            kind="cancelled_invoice_paid", subject="invoice", reference=number,
-            detail=f"invoice {number} is cancelled with {received} received: refund the "
-                   f"customer or reinstate the invoice",
-            amount_at_risk=held, evidence=(f"received:{received}",)))
+        # findings are the same whatever order the events arrive in; money received after
+        # the cancellation is the row's word, which the reconcile pass reads
+        found.append(cancelled_with_money(number, held))
     state["settled"] = state["amount_due"] is not None and state["amount_due"] == 0
     state["status"] = invoice_status(cancelled=state["cancelled"],
                                      amount_paid=state["amount_paid"],

@@ -17,6 +17,7 @@ from ledger import NewEvent
 from ledger.instants import storable_instant
 from ledger.jsonenc import dumps
 from projections.discrepancy_folds import DETECTED, RESOLVED
+from projections.folding import Discrepancy
 from projections.general_folds import RECOVERED_EVENT
 from reconcile.checks import Detection
 from reconcile.client import Lookup
@@ -92,6 +93,21 @@ def detected_event(subject: str, reference: str, found: Detection, pass_id: str,
     return _event(f"discrepancy:{subject}:{reference}", DETECTED,
                   f"discrepancy:{found.kind}:{subject}:{reference}:reconciler:{pass_id}",
                   payload, now)
+
+
+def row_finding_event(found: Discrepancy, pass_id: str, now: datetime,
+                      cause_position: int) -> NewEvent:
+    """A finding a fold makes, made by a pass from the projection row instead (what the
+    row says that no single event did), under the key the projector would use, so each is
+    recorded once whoever finds it first."""
+    payload = {
+        "kind": found.kind, "subject": found.subject, "reference": found.reference,
+        "detail": found.detail, "amount_at_risk": found.amount_at_risk,
+        "evidence": list(found.evidence), "detected_by": SOURCE,
+        "cause_position": cause_position, "pass_id": pass_id,
+    }
+    return _event(f"discrepancy:{found.subject}:{found.reference}", DETECTED,
+                  found.dedupe_key, payload, now)
 
 
 def manual_resolution(discrepancy_id: str, subject: str, reference: str, reason: str,

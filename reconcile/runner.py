@@ -27,6 +27,7 @@ import structlog
 
 from ledger import AppendResult, NewEvent
 from ledger.store import append_in, end_if_idle, end_if_idle_in_transaction, read_committed
+from projections.general_folds import cancelled_with_money
 from projections.projector import catch_up, ready_for_folding
 from reconcile import store
 from reconcile.checks import Local, Verdict, decide, settle
@@ -36,6 +37,7 @@ from reconcile.findings import (
     detected_event,
     recovered_event,
     resolved_event,
+    row_finding_event,
 )
 
 RECONCILE_LOCK_KEY = 0x686F6F6B7265636F  # "hookreco"
@@ -187,6 +189,7 @@ class Reconciler:
         cfg = self.config
         await self._catch_up(conn)
         await self._settle(conn, result, now or datetime.now(UTC))
+        await self._cancelled_with_money(conn, result, now or datetime.now(UTC))
         # the resolutions just appended, folded: a check must see them closed, or it takes
         # a finding they closed for one still open and never raises it again
         await self._catch_up(conn)
@@ -423,6 +426,27 @@ class Reconciler:
         if events:
             async with conn.transaction():
                 await append_in(conn, events)
+
+    async def _cancelled_with_money(self, conn: store.Connection, result: PassResult,
+                                    now: datetime) -> None:
+        """Find invoices cancelled with money received that no cancellation's block showed:
+        a customer paying with the standing control number after the cancellation. Only
+        the row knows (the fold finds from a cancellation's own block, so that its findings
+        do not depend on the order events arrive in)."""
+        candidates = [(cancelled_with_money(number, received), position)
+                      for number, received, position in await store.cancelled_with_money(conn)]
+        known = await store.keys_in_ledger(conn, [d.dedupe_key for d, _ in candidates])
+        fresh = [(d, position) for d, position in candidates if d.dedupe_key not in known]
+        if not fresh:
+            return
+        async with conn.transaction():
+            appended = await append_in(conn, [
+                row_finding_event(d, result.pass_id, now, position) for d, position in fresh])
+        for (d, _), outcome in zip(fresh, appended, strict=True):
+            if not outcome.duplicate:  # the projector may have found it meanwhile
+                result.detected.append({"kind": d.kind, "subject": d.subject,
+                                        "reference": d.reference, "detail": d.detail,
+                                        "amount_at_risk": d.amount_at_risk})
 
     async def _observe(self, conn: store.Connection) -> None:
         await self._catch_up(conn)

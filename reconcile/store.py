@@ -294,6 +294,24 @@ async def open_for_settling(conn: Connection) -> list[dict[str, Any]]:
         return list(await cur.fetchall())
 
 
+async def cancelled_with_money(conn: Connection) -> list[tuple[str, Decimal, int]]:
+    """Cancelled invoices whose row shows money received: number, amount, the row's last
+    position. Few (a person resolves them, or a refund takes the money back)."""
+    cur = await conn.execute(
+        "SELECT invoice_no, amount_paid, last_position FROM hookledger_private.invoices "
+        "WHERE cancelled AND amount_paid > 0 ORDER BY invoice_no")
+    return [(str(n), Decimal(a), int(p)) for n, a, p in await cur.fetchall()]
+
+
+async def keys_in_ledger(conn: Connection, keys: Sequence[str]) -> set[str]:
+    """Which of ``keys`` some ledger event already has."""
+    if not keys:
+        return set()
+    cur = await conn.execute("SELECT dedupe_key FROM hookledger_private.ledger_events "
+                             "WHERE dedupe_key = ANY(%s)", (list(keys),))
+    return {str(k) for (k,) in await cur.fetchall()}
+
+
 async def open_by_kind(conn: Connection) -> dict[str, int]:
     cur = await conn.execute("SELECT kind, count(*) FROM hookledger_private.discrepancies "
                              "WHERE status = 'open' GROUP BY kind")

@@ -840,6 +840,64 @@ def test_an_invoice_cancelled_with_money_received_is_open_until_the_money_goes_b
                                     "the money received was refunded", "reconciler")]
 
 
+@pytest.mark.parametrize("payment_first", [False, True], ids=["in order", "payment first"])
+def test_money_received_after_the_cancellation_is_found_by_the_next_pass(
+        db_url: str, payment_first: bool) -> None:
+    """A customer pays a cancelled invoice with its standing control number: the
+    cancellation's block said nothing received, so its fold found nothing, and the
+    payment's is no cancellation. The invoice's row says both (cancelled, 20000 received):
+    the pass finds it there, once, under the key the projector would use for that amount,
+    whatever order the two arrived in; a refund carrying the block settles it."""
+    block = {**INVOICE, "invoiceNo": "INV-L"}
+    cancel = ("invoice.cancelled", 93003, {
+        "reference": "INV-L", "amount": 50000, "service": "Invoicing",
+        "timestamp": "20261122082000",
+        "invoice": {**block, "amountPaid": 0, "amountDue": 50000}})
+    pay = ("payment.confirmed", 91001, {
+        "reference": "PAY-L", "amount": 20000, "timestamp": "20261122083000",
+        "invoice": {**block, "amountPaid": 20000, "amountDue": 30000}})
+    for event, code, fields in ([pay, cancel] if payment_first else [cancel, pay]):
+        deliver(db_url, event, code, **fields)
+    found = ("SELECT kind, amount_at_risk, status, detected_by, resolution "
+             "FROM hookledger.discrepancies WHERE subject = 'invoice'")
+    assert rows(db_url, "SELECT status, amount_paid FROM hookledger.invoices") == [
+        ("cancelled", Decimal(20000))]
+    with running_sandbox(state=CountingState()) as api:
+        reconcile(db_url, api.url)
+        reconcile(db_url, api.url)
+        assert rows(db_url, found) == [
+            ("cancelled_invoice_paid", Decimal(20000), "open", "reconciler", None)]
+        # the projector's own finding of that amount is the same one (a re-save saying so)
+        deliver(db_url, "invoice.updated", 93001, reference="INV-L", amount=50000,
+                service="Invoicing", timestamp="20261122084000", status="CANCELLED",
+                invoice={**block, "amountPaid": 20000, "amountDue": 30000})
+        assert len(rows(db_url, found)) == 1
+        deliver(db_url, "payment.refunded", 91010, reference="PAY-L", amount=20000,
+                status="REVERSED", timestamp="20261122090000",
+                invoice={**block, "amountPaid": 0, "amountDue": 50000})
+        reconcile(db_url, api.url)
+    assert rows(db_url, found) == [("cancelled_invoice_paid", Decimal(20000), "resolved",
+                                    "reconciler", "the money received was refunded")]
+
+
+def test_a_person_resolved_cancelled_invoice_paid_is_not_found_again(db_url: str) -> None:
+    block = {**INVOICE, "invoiceNo": "INV-D"}
+    deliver(db_url, "invoice.cancelled", 93003, reference="INV-D", amount=50000,
+            service="Invoicing", timestamp="20261122082000",
+            invoice={**block, "amountPaid": 0, "amountDue": 50000})
+    deliver(db_url, "payment.confirmed", 91001, reference="PAY-D", amount=20000,
+            timestamp="20261122083000",
+            invoice={**block, "amountPaid": 20000, "amountDue": 30000})
+    with running_sandbox(state=CountingState()) as api:
+        reconcile(db_url, api.url)
+        [(found_id,)] = rows(db_url, "SELECT id FROM hookledger.discrepancies "
+                                     "WHERE kind = 'cancelled_invoice_paid'")
+        person_resolves(db_url, found_id, "invoice", "INV-D", "refunded by bank transfer")
+        reconcile(db_url, api.url)
+    assert rows(db_url, "SELECT status, resolved_by FROM hookledger.discrepancies "
+                        "WHERE kind = 'cancelled_invoice_paid'") == [("resolved", "admin")]
+
+
 class WebhookDuringLookup(CountingState):
     """A provider whose webhook for ``reference`` reaches the ledger while hookledger's
     lookup of it is in flight (appended, not yet projected)."""
