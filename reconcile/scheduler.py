@@ -9,6 +9,9 @@ in a pass is logged and counted; it never stops the schedule.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -23,6 +26,9 @@ from reconcile.report_files import write_scheduled_report
 from reconcile.runner import PassResult, Reconciler
 
 log = structlog.get_logger("hookledger.reconcile")
+
+# how long shutdown waits for a cancelled pass to close its session and HTTP request
+STOP_WAIT_S = 5.0
 
 
 class ReconcileScheduler:
@@ -55,21 +61,53 @@ class ReconcileScheduler:
                                    id="report", max_instances=1, coalesce=True,
                                    misfire_grace_time=None)
         self.last: PassResult | None = None
+        self._running: set[asyncio.Task[Any]] = set()
+        self._stopping = False
 
     def start(self) -> None:
         self.scheduler.start()
 
     async def shutdown(self) -> None:
+        """Stop the schedule and end a pass or report in progress before returning: left
+        running, it was cancelled when the event loop closed, after the client it was using,
+        and logged as a failed job with a ``CancelledError`` traceback. A pass ended midway
+        loses nothing (what it appended is committed; the rest is asked again next time)."""
+        self._stopping = True
         if self.scheduler.running:
-            self.scheduler.shutdown(wait=False)
+            self.scheduler.shutdown(wait=False)  # cancels the jobs in progress
+        for task in self._running:
+            task.cancel()
+        if self._running:
+            await asyncio.wait(set(self._running), timeout=STOP_WAIT_S)
         if self._client is not None:
             await self._client.aclose()
+
+    @contextlib.contextmanager
+    def _job(self, name: str) -> Iterator[None]:
+        """A job's run, ended quietly when shutdown cancels it."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._running.add(task)
+        try:
+            yield
+        except asyncio.CancelledError:
+            if not self._stopping:
+                raise
+            task.uncancel()
+            log.info("reconcile.stopped", job=name)
+        finally:
+            self._running.discard(task)
 
     async def run_once(self) -> PassResult | None:
         if self._reconciler is None:
             return None
+        with self._job("pass"):
+            return await self._run_pass(self._reconciler)
+        return None  # stopped
+
+    async def _run_pass(self, reconciler: Reconciler) -> PassResult | None:
         try:
-            result = await self._reconciler.run_pass()
+            result = await reconciler.run_pass()
         except Exception as exc:  # noqa: BLE001 - a pass must never end the schedule
             log.error("reconcile.pass_failed", error=type(exc).__name__)
             if self._metrics:
@@ -85,6 +123,11 @@ class ReconcileScheduler:
         return result
 
     async def report_once(self) -> Any:
+        with self._job("report"):
+            return await self._write_report()
+        return None  # stopped
+
+    async def _write_report(self) -> Any:
         assert self._reports_dir is not None
         try:
             return await write_scheduled_report(self._url, self._reports_dir, self._windows,

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -137,3 +139,44 @@ def test_a_provider_that_answers_nothing_shows_in_the_metrics(db_url: str) -> No
     assert sum(s.value for s in errors) == 3 and all(s.labels["error"] for s in errors)
     last = registry.get_sample_value("hookledger_reconcile_last_pass_timestamp_seconds")
     assert last is not None and last >= started
+
+
+def test_stopping_mid_pass_ends_the_pass_quietly_and_lets_go_of_its_session(
+        db_url: str, caplog: Any) -> None:
+    """``serve`` stopped while a pass waits on the provider: the pass was left running
+    into the event loop's end, cancelled there, and logged as a failed job with a
+    ``CancelledError`` traceback. Shutdown now ends the pass itself, before it returns."""
+    state = CountingState()
+    expect(db_url, "SLOW-1", "collection", 5)
+
+    def held() -> int:  # the reconciliation lock: held by a pass's session
+        return int(rows(db_url, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                                "AND granted")[0][0])
+
+    async def go(api_url: str) -> tuple[list[asyncio.Task[Any]], int]:
+        client = ReferenceClient(api_url, API_KEY, timeout_s=30, max_attempts=1)
+        scheduler = ReconcileScheduler(Reconciler(db_url, client), client, interval_s=3600,
+                                       database_url=db_url)
+        scheduler.start()
+        job = scheduler.scheduler.get_job("reconcile")
+        assert job is not None
+        job.modify(next_run_time=datetime.now(UTC))
+        deadline = time.monotonic() + 20
+        while not held() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert held() == 1
+        await asyncio.sleep(0.5)  # the pass is waiting on the provider now
+        await scheduler.shutdown()
+        left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        return left, held()
+
+    caplog.set_level(logging.DEBUG)
+    with running_sandbox(state=state, faults=FaultSettings(latency_ms=10_000)) as api:
+        started = time.monotonic()
+        left, holding = asyncio.run(go(api.url))
+        took = time.monotonic() - started
+    assert left == [] and holding == 0
+    assert took < 8  # not the provider's 10 s
+    assert state.asked["SLOW-1"] == 0  # never answered: the pass ended first
+    assert not [r for r in caplog.records if r.name.startswith(("apscheduler", "hookledger"))
+                and (r.levelno >= logging.ERROR or r.exc_info)]
