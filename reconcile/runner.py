@@ -27,10 +27,12 @@ import structlog
 
 from ledger import AppendResult, NewEvent
 from ledger.store import append_in, end_if_idle, end_if_idle_in_transaction, read_committed
+from projections.folding import Discrepancy
 from projections.general_folds import cancelled_with_money
 from projections.projector import catch_up, ready_for_folding
 from reconcile import store
-from reconcile.checks import Local, Verdict, decide, settle
+from reconcile.cancelled_invoices import judge_cancelled
+from reconcile.checks import Local, Verdict, decide, same_amounts, settle
 from reconcile.client import Lookup
 from reconcile.findings import (
     checked_event,
@@ -429,24 +431,37 @@ class Reconciler:
 
     async def _cancelled_with_money(self, conn: store.Connection, result: PassResult,
                                     now: datetime) -> None:
-        """Find invoices cancelled with money received that no cancellation's block showed:
-        a customer paying with the standing control number after the cancellation. Only
-        the row knows (the fold finds from a cancellation's own block, so that its findings
-        do not depend on the order events arrive in)."""
-        candidates = [(cancelled_with_money(number, received), position)
-                      for number, received, position in await store.cancelled_with_money(conn)]
-        known = await store.keys_in_ledger(conn, [d.dedupe_key for d, _ in candidates])
-        fresh = [(d, position) for d, position in candidates if d.dedupe_key not in known]
-        if not fresh:
+        """Invoices cancelled with money received that no cancellation's block showed
+        (:mod:`reconcile.cancelled_invoices`): found from the row, one open finding per
+        invoice at the amount it shows now."""
+        invoices = await store.cancelled_with_money(conn)
+        recorded = await store.keys_in_ledger(conn, [
+            cancelled_with_money(i.number, i.received).dedupe_key for i in invoices])
+        found: list[tuple[Discrepancy, int]] = []
+        superseded: list[tuple[str, str, str]] = []
+        for invoice in invoices:
+            verdict = judge_cancelled(invoice.number, invoice.received, invoice.earlier,
+                                      recorded)
+            if verdict.found is not None:
+                found.append((verdict.found, invoice.cause_position))
+            reason = (f"the invoice now shows {same_amounts(str(invoice.received))} "
+                      f"received")
+            superseded.extend((i, invoice.number, reason) for i in verdict.superseded)
+        if not found and not superseded:
             return
         async with conn.transaction():
             appended = await append_in(conn, [
-                row_finding_event(d, result.pass_id, now, position) for d, position in fresh])
-        for (d, _), outcome in zip(fresh, appended, strict=True):
+                *(row_finding_event(d, result.pass_id, now, cause) for d, cause in found),
+                *(resolved_event(i, "invoice", number, reason, result.pass_id, now)
+                  for i, number, reason in superseded)])
+        for (d, _), outcome in zip(found, appended, strict=False):
             if not outcome.duplicate:  # the projector may have found it meanwhile
                 result.detected.append({"kind": d.kind, "subject": d.subject,
                                         "reference": d.reference, "detail": d.detail,
                                         "amount_at_risk": d.amount_at_risk})
+        result.resolved.extend({"kind": "cancelled_invoice_paid", "subject": "invoice",
+                                "reference": number, "reason": reason}
+                               for _, number, reason in superseded)
 
     async def _observe(self, conn: store.Connection) -> None:
         await self._catch_up(conn)

@@ -68,10 +68,12 @@ class ReconcileScheduler:
         self.scheduler.start()
 
     async def shutdown(self) -> None:
-        """Stop the schedule and end a pass or report in progress before returning: left
-        running, it was cancelled when the event loop closed, after the client it was using,
-        and logged as a failed job with a ``CancelledError`` traceback. A pass ended midway
-        loses nothing (what it appended is committed; the rest is asked again next time)."""
+        """Stop the schedule and end a pass in progress before returning: left running, it
+        was cancelled when the event loop closed, after the client it was using, and logged
+        as a failed job with a ``CancelledError`` traceback. A pass ended midway loses
+        nothing (what it appended is committed; the rest is asked again next time). A
+        report's writing thread cannot be cancelled: it finishes, and the process waits
+        for it as it ends."""
         self._stopping = True
         if self.scheduler.running:
             self.scheduler.shutdown(wait=False)  # cancels the jobs in progress

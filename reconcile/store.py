@@ -18,6 +18,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from projections.general_folds import PAYMENT_RANK, PAYOUT_RANK
+from reconcile.cancelled_invoices import Earlier
 from reconcile.checks import CHECK_KINDS, SUCCESSORS, Local, OpenDiscrepancy
 
 Connection = psycopg.AsyncConnection[Any]
@@ -294,13 +295,46 @@ async def open_for_settling(conn: Connection) -> list[dict[str, Any]]:
         return list(await cur.fetchall())
 
 
-async def cancelled_with_money(conn: Connection) -> list[tuple[str, Decimal, int]]:
-    """Cancelled invoices whose row shows money received: number, amount, the row's last
-    position. Few (a person resolves them, or a refund takes the money back)."""
-    cur = await conn.execute(
-        "SELECT invoice_no, amount_paid, last_position FROM hookledger_private.invoices "
-        "WHERE cancelled AND amount_paid > 0 ORDER BY invoice_no")
-    return [(str(n), Decimal(a), int(p)) for n, a, p in await cur.fetchall()]
+@dataclass(frozen=True, slots=True)
+class CancelledWithMoney:
+    """A cancelled invoice whose row shows money received, and its findings so far."""
+
+    number: str
+    received: Decimal
+    cause_position: int  # the event the amount came from, else the row's latest
+    earlier: tuple[Earlier, ...]
+
+
+CANCELLED_WITH_MONEY_SQL = """
+SELECT i.invoice_no, i.amount_paid, i.last_position, i.provenance -> 'amount_paid',
+       coalesce(jsonb_agg(jsonb_build_object(
+           'id', d.id, 'amount', d.amount_at_risk::text, 'open', d.status = 'open',
+           'resolved_by', d.resolved_by) ORDER BY d.id) FILTER (WHERE d.id IS NOT NULL),
+           '[]')
+FROM hookledger_private.invoices i
+LEFT JOIN hookledger_private.discrepancies d
+       ON d.subject = 'invoice' AND d.reference = i.invoice_no
+      AND d.kind = 'cancelled_invoice_paid'
+WHERE i.cancelled AND i.amount_paid > 0
+GROUP BY i.invoice_no
+ORDER BY i.invoice_no
+"""
+
+
+async def cancelled_with_money(conn: Connection) -> list[CancelledWithMoney]:
+    """Every cancelled invoice whose row shows money received (a seek of the whole table:
+    invoices a person resolved stay here, each pass, while the row says so)."""
+    cur = await conn.execute(CANCELLED_WITH_MONEY_SQL)
+    found = []
+    for number, received, last, mark, earlier in await cur.fetchall():
+        # a mark's last element is the position of the event it came from (older marks:
+        # none of that shape; the row's latest event stands in)
+        cause = mark[-1] if isinstance(mark, list) and len(mark) == 6 else last
+        found.append(CancelledWithMoney(
+            str(number), Decimal(received), int(cause),
+            tuple(Earlier(str(e["id"]), None if e["amount"] is None else Decimal(e["amount"]),
+                          bool(e["open"]), e["resolved_by"]) for e in earlier)))
+    return found
 
 
 async def keys_in_ledger(conn: Connection, keys: Sequence[str]) -> set[str]:

@@ -898,6 +898,53 @@ def test_a_person_resolved_cancelled_invoice_paid_is_not_found_again(db_url: str
                         "WHERE kind = 'cancelled_invoice_paid'") == [("resolved", "admin")]
 
 
+def test_a_cancelled_invoice_keeps_one_finding_at_the_money_it_holds(db_url: str) -> None:
+    """A part refund leaves less held: the finding moves to that amount (two open
+    findings said the larger was still at risk). Refunded in full, then paid again with
+    the control number: found again (the first finding's key was in the ledger, closed,
+    and the second payment went unseen). A person's acceptance covers what they accepted
+    and less, not more."""
+    block = {**INVOICE, "invoiceNo": "INV-M"}
+    deliver(db_url, "invoice.cancelled", 93003, reference="INV-M", amount=50000,
+            service="Invoicing", timestamp="20261122082000",
+            invoice={**block, "amountPaid": 0, "amountDue": 50000})
+
+    def held(reference: str, paid: int, minute: int, event: str = "payment.confirmed",
+             code: int = 91001) -> None:
+        deliver(db_url, event, code, reference=reference, amount=20000,
+                timestamp=f"202611220{minute:03d}00",
+                invoice={**block, "amountPaid": paid, "amountDue": 50000 - paid})
+
+    def findings() -> list[tuple[Any, ...]]:
+        return [tuple(r) for r in rows(
+            db_url, "SELECT amount_at_risk, status, resolved_by FROM hookledger.discrepancies "
+                    "WHERE kind = 'cancelled_invoice_paid' ORDER BY detected_at, amount_at_risk")]
+
+    with running_sandbox(state=CountingState()) as api:
+        held("PAY-M1", 20000, 830)
+        reconcile(db_url, api.url)
+        held("PAY-M1", 15000, 840, "payment.refunded", 91010)  # 5000 back
+        reconcile(db_url, api.url)
+        assert findings() == [(Decimal(20000), "resolved", "reconciler"),
+                              (Decimal(15000), "open", None)]
+        held("PAY-M1", 0, 850, "payment.refunded", 91010)
+        reconcile(db_url, api.url)
+        held("PAY-M2", 15000, 900)  # paid again, the same amount
+        reconcile(db_url, api.url)
+        assert findings()[-1] == (Decimal(15000), "open", None)
+        assert [f[1] for f in findings()] == ["resolved", "resolved", "open"]
+        [(last,)] = rows(db_url, "SELECT id FROM hookledger.discrepancies WHERE status = 'open' "
+                                 "AND kind = 'cancelled_invoice_paid'")
+        person_resolves(db_url, last, "invoice", "INV-M", "kept as credit")
+        held("PAY-M2", 10000, 910, "payment.refunded", 91010)  # less than accepted
+        reconcile(db_url, api.url)
+        assert [f[1] for f in findings()] == ["resolved", "resolved", "resolved"]
+        held("PAY-M3", 30000, 920)  # more than accepted
+        reconcile(db_url, api.url)
+    assert findings()[-1] == (Decimal(30000), "open", None)
+    assert len(findings()) == 4
+
+
 class WebhookDuringLookup(CountingState):
     """A provider whose webhook for ``reference`` reaches the ledger while hookledger's
     lookup of it is in flight (appended, not yet projected)."""
