@@ -433,6 +433,19 @@ def _current_mark(mark: list[Any]) -> list[Any] | None:
     return None
 
 
+def amount_source(mark: Any) -> tuple[int, bool] | None:
+    """Where an invoice row's ``amount_paid`` came from, by its mark: the event's position,
+    and whether that event was a payment bringing money in (not a refund, not one of the
+    invoice's own events; a mark of an older shape, which does not tell a refund, never
+    is); None for no mark of a known shape."""
+    current = _current_mark(mark) if isinstance(mark, list) else None
+    if current is None:
+        return None
+    paid_in = (len(mark) == 6 and current[1] == 0
+               and current[3] == INVOICE_RANK["payment.confirmed"])
+    return int(current[-1]), paid_in
+
+
 def _invoice_values(event: StoredEvent, block: dict[str, Any]) -> dict[str, Any]:
     """What this event says about its invoice; None where it says nothing."""
     total = None

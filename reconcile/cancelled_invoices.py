@@ -28,6 +28,7 @@ class Earlier:
     amount: Decimal | None
     open: bool
     resolved_by: str | None
+    position: int  # of its latest event: for a resolved one, the resolution's
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,14 +38,17 @@ class InvoiceVerdict:
 
 
 def judge_cancelled(number: str, received: Decimal, earlier: Sequence[Earlier],
-                    recorded: Collection[str]) -> InvoiceVerdict:
+                    recorded: Collection[str], paid_in_at: int | None = None
+                    ) -> InvoiceVerdict:
     """What to record for invoice ``number``, cancelled with ``received`` on it.
 
     * a finding open at that amount stands, and open ones at other amounts (the money
       the invoice held before a part refund or a later payment) are superseded by it;
     * a person who resolved a finding at that amount or more accepted the money held
-      (kept as credit, refunded by other means): nothing is raised until the invoice
-      shows more than they accepted;
+      (kept as credit, refunded by other means): nothing is raised while the amount is
+      within what they accepted and came from before their resolution or from a refund
+      since (``paid_in_at``: the position of the payment the amount came from, if it
+      did); money paid in after it (the invoice refunded in full, then paid again) is news;
     * otherwise it is found, under the projector's key for the amount, or, when that key
       was recorded and closed since (the money went back and came again), under a key of
       its own, so a second payment after a refund is not lost behind the first.
@@ -57,9 +61,9 @@ def judge_cancelled(number: str, received: Decimal, earlier: Sequence[Earlier],
     others = tuple(e.id for e in still_open if not at_received(e))
     if any(at_received(e) for e in still_open):
         return InvoiceVerdict(None, others)
-    accepted = [e.amount for e in earlier
-                if not e.open and e.resolved_by == PERSON and e.amount is not None]
-    if accepted and max(accepted) >= received:
+    if any(not e.open and e.resolved_by == PERSON and e.amount is not None
+           and e.amount >= received and (paid_in_at is None or paid_in_at < e.position)
+           for e in earlier):
         return InvoiceVerdict(None, others)
     found = cancelled_with_money(number, received)
     if found.dedupe_key in recorded:

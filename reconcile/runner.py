@@ -441,7 +441,7 @@ class Reconciler:
         superseded: list[tuple[str, str, str]] = []
         for invoice in invoices:
             verdict = judge_cancelled(invoice.number, invoice.received, invoice.earlier,
-                                      recorded)
+                                      recorded, invoice.paid_in_at)
             if verdict.found is not None:
                 found.append((verdict.found, invoice.cause_position))
             reason = (f"the invoice now shows {same_amounts(str(invoice.received))} "
@@ -454,14 +454,16 @@ class Reconciler:
                 *(row_finding_event(d, result.pass_id, now, cause) for d, cause in found),
                 *(resolved_event(i, "invoice", number, reason, result.pass_id, now)
                   for i, number, reason in superseded)])
-        for (d, _), outcome in zip(found, appended, strict=False):
+        for (d, _), outcome in zip(found, appended[:len(found)], strict=True):
             if not outcome.duplicate:  # the projector may have found it meanwhile
                 result.detected.append({"kind": d.kind, "subject": d.subject,
                                         "reference": d.reference, "detail": d.detail,
                                         "amount_at_risk": d.amount_at_risk})
-        result.resolved.extend({"kind": "cancelled_invoice_paid", "subject": "invoice",
-                                "reference": number, "reason": reason}
-                               for _, number, reason in superseded)
+        for (_, number, reason), outcome in zip(superseded, appended[len(found):],
+                                                strict=True):
+            if not outcome.duplicate:
+                result.resolved.append({"kind": "cancelled_invoice_paid", "subject": "invoice",
+                                        "reference": number, "reason": reason})
 
     async def _observe(self, conn: store.Connection) -> None:
         await self._catch_up(conn)

@@ -27,7 +27,10 @@ from reconcile.runner import PassResult, Reconciler
 
 log = structlog.get_logger("hookledger.reconcile")
 
-# how long shutdown waits for a cancelled pass to close its session and HTTP request
+# how long shutdown waits for a cancelled pass to close its session and HTTP request: a
+# moment, normally. psycopg cancelling a statement on a server that does not answer takes
+# up to 10 s, which is not waited out (serve's whole stop stays inside a container's usual
+# 10 s grace); the server ends such a session, and its lock, once it sees it gone
 STOP_WAIT_S = 5.0
 
 
@@ -75,14 +78,20 @@ class ReconcileScheduler:
         report's writing thread cannot be cancelled: it finishes, and the process waits
         for it as it ends."""
         self._stopping = True
-        if self.scheduler.running:
-            self.scheduler.shutdown(wait=False)  # cancels the jobs in progress
-        for task in self._running:
-            task.cancel()
-        if self._running:
-            await asyncio.wait(set(self._running), timeout=STOP_WAIT_S)
-        if self._client is not None:
-            await self._client.aclose()
+        try:
+            if self.scheduler.running:
+                self.scheduler.shutdown(wait=False)  # cancels the jobs in progress
+            for task in self._running:
+                if not task.cancelling():
+                    task.cancel()
+            if self._running:
+                await asyncio.wait(set(self._running), timeout=STOP_WAIT_S)
+            if self._running:
+                log.warning("reconcile.stop_timed_out", running=len(self._running),
+                            waited_s=STOP_WAIT_S)
+        finally:
+            if self._client is not None:
+                await self._client.aclose()
 
     @contextlib.contextmanager
     def _job(self, name: str) -> Iterator[None]:
@@ -95,7 +104,8 @@ class ReconcileScheduler:
         except asyncio.CancelledError:
             if not self._stopping:
                 raise
-            task.uncancel()
+            while task.uncancel():  # APScheduler's shutdown and ours may both cancel it
+                pass
             log.info("reconcile.stopped", job=name)
         finally:
             self._running.discard(task)

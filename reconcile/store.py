@@ -17,7 +17,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from projections.general_folds import PAYMENT_RANK, PAYOUT_RANK
+from projections.general_folds import PAYMENT_RANK, PAYOUT_RANK, amount_source
 from reconcile.cancelled_invoices import Earlier
 from reconcile.checks import CHECK_KINDS, SUCCESSORS, Local, OpenDiscrepancy
 
@@ -302,6 +302,7 @@ class CancelledWithMoney:
     number: str
     received: Decimal
     cause_position: int  # the event the amount came from, else the row's latest
+    paid_in_at: int | None  # that event's position, when it was a payment bringing money in
     earlier: tuple[Earlier, ...]
 
 
@@ -309,7 +310,8 @@ CANCELLED_WITH_MONEY_SQL = """
 SELECT i.invoice_no, i.amount_paid, i.last_position, i.provenance -> 'amount_paid',
        coalesce(jsonb_agg(jsonb_build_object(
            'id', d.id, 'amount', d.amount_at_risk::text, 'open', d.status = 'open',
-           'resolved_by', d.resolved_by) ORDER BY d.id) FILTER (WHERE d.id IS NOT NULL),
+           'resolved_by', d.resolved_by, 'position', d.last_position) ORDER BY d.id)
+           FILTER (WHERE d.id IS NOT NULL),
            '[]')
 FROM hookledger_private.invoices i
 LEFT JOIN hookledger_private.discrepancies d
@@ -327,13 +329,13 @@ async def cancelled_with_money(conn: Connection) -> list[CancelledWithMoney]:
     cur = await conn.execute(CANCELLED_WITH_MONEY_SQL)
     found = []
     for number, received, last, mark, earlier in await cur.fetchall():
-        # a mark's last element is the position of the event it came from (older marks:
-        # none of that shape; the row's latest event stands in)
-        cause = mark[-1] if isinstance(mark, list) and len(mark) == 6 else last
+        source = amount_source(mark)  # no mark of a known shape: the row's latest event
         found.append(CancelledWithMoney(
-            str(number), Decimal(received), int(cause),
+            str(number), Decimal(received), source[0] if source else int(last),
+            source[0] if source and source[1] else None,
             tuple(Earlier(str(e["id"]), None if e["amount"] is None else Decimal(e["amount"]),
-                          bool(e["open"]), e["resolved_by"]) for e in earlier)))
+                          bool(e["open"]), e["resolved_by"], int(e["position"]))
+                  for e in earlier)))
     return found
 
 

@@ -939,10 +939,14 @@ def test_a_cancelled_invoice_keeps_one_finding_at_the_money_it_holds(db_url: str
         held("PAY-M2", 10000, 910, "payment.refunded", 91010)  # less than accepted
         reconcile(db_url, api.url)
         assert [f[1] for f in findings()] == ["resolved", "resolved", "resolved"]
-        held("PAY-M3", 30000, 920)  # more than accepted
+        held("PAY-M2", 0, 920, "payment.refunded", 91010)
+        held("PAY-M3", 10000, 930)  # within what was accepted, but paid in since
         reconcile(db_url, api.url)
-    assert findings()[-1] == (Decimal(30000), "open", None)
-    assert len(findings()) == 4
+        assert findings()[-1] == (Decimal(10000), "open", None)
+        held("PAY-M4", 30000, 940)  # more
+        reconcile(db_url, api.url)
+    assert findings()[-2:] == [(Decimal(10000), "resolved", "reconciler"),
+                               (Decimal(30000), "open", None)]
 
 
 class WebhookDuringLookup(CountingState):
