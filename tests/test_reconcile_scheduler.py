@@ -16,7 +16,7 @@ import httpx
 
 from reconcile.client import ReferenceClient
 from reconcile.report_files import replace_atomically
-from reconcile.runner import PassResult, Reconciler
+from reconcile.runner import RECONCILE_LOCK_KEY, PassResult, Reconciler
 from reconcile.scheduler import ReconcileScheduler
 from sandbox.faults import FaultSettings
 from sandbox.runner import running_sandbox
@@ -149,9 +149,13 @@ def test_stopping_mid_pass_ends_the_pass_quietly_and_lets_go_of_its_session(
     state = CountingState()
     expect(db_url, "SLOW-1", "collection", 5)
 
-    def held() -> int:  # the reconciliation lock: held by a pass's session
-        return int(rows(db_url, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
-                                "AND granted")[0][0])
+    def held() -> int:  # the reconciliation lock in this database: held by a pass's session
+        high, low = divmod(RECONCILE_LOCK_KEY, 1 << 32)
+        return int(rows(
+            db_url, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                    "AND database = (SELECT oid FROM pg_database "
+                    "WHERE datname = current_database()) "
+                    "AND classid = %s AND objid = %s AND objsubid = 1", high, low)[0][0])
 
     async def go(api_url: str) -> tuple[list[asyncio.Task[Any]], int]:
         client = ReferenceClient(api_url, API_KEY, timeout_s=30, max_attempts=1)
