@@ -224,16 +224,22 @@ class LedgerStore:
             return int(row[0]) if row else 0
 
 
+async def positions_by_key(conn: psycopg.AsyncConnection[Any], keys: Sequence[str]
+                           ) -> dict[str, int]:
+    """The position of each of ``keys`` the ledger holds (the others are absent)."""
+    if not keys:
+        return {}
+    cur = await conn.execute(_sql("positions_by_key"), {"keys": list(keys)})
+    return {key: pos for key, pos in await cur.fetchall()}
+
+
 async def append_in(conn: psycopg.AsyncConnection[Any], events: Sequence[NewEvent]
                     ) -> list[AppendResult]:
     """Append within the caller's transaction; results are in the order of ``events``."""
     cur = await conn.execute(_sql("append"), _columns(events))
     inserted: dict[str, int] = {key: pos for pos, key in await cur.fetchall()}
-    missing = [e.dedupe_key for e in events if e.dedupe_key not in inserted]
-    existing: dict[str, int] = {}
-    if missing:
-        cur = await conn.execute(_sql("positions_by_key"), {"keys": missing})
-        existing = {key: pos for key, pos in await cur.fetchall()}
+    existing = await positions_by_key(
+        conn, [e.dedupe_key for e in events if e.dedupe_key not in inserted])
     results: list[AppendResult] = []
     claimed: set[str] = set()
     for event in events:

@@ -26,7 +26,13 @@ import psycopg
 import structlog
 
 from ledger import AppendResult, NewEvent
-from ledger.store import append_in, end_if_idle, end_if_idle_in_transaction, read_committed
+from ledger.store import (
+    append_in,
+    end_if_idle,
+    end_if_idle_in_transaction,
+    positions_by_key,
+    read_committed,
+)
 from projections.folding import Discrepancy
 from projections.general_folds import cancelled_with_money
 from projections.projector import catch_up, ready_for_folding
@@ -435,7 +441,7 @@ class Reconciler:
         (:mod:`reconcile.cancelled_invoices`): found from the row, one open finding per
         invoice at the amount it shows now."""
         invoices = await store.cancelled_with_money(conn)
-        recorded = await store.keys_in_ledger(conn, [
+        recorded = await positions_by_key(conn, [
             cancelled_with_money(i.number, i.received).dedupe_key for i in invoices])
         found: list[tuple[Discrepancy, int]] = []
         superseded: list[tuple[str, str, str]] = []

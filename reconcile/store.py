@@ -339,15 +339,6 @@ async def cancelled_with_money(conn: Connection) -> list[CancelledWithMoney]:
     return found
 
 
-async def keys_in_ledger(conn: Connection, keys: Sequence[str]) -> set[str]:
-    """Which of ``keys`` some ledger event already has."""
-    if not keys:
-        return set()
-    cur = await conn.execute("SELECT dedupe_key FROM hookledger_private.ledger_events "
-                             "WHERE dedupe_key = ANY(%s)", (list(keys),))
-    return {str(k) for (k,) in await cur.fetchall()}
-
-
 async def open_by_kind(conn: Connection) -> dict[str, int]:
     cur = await conn.execute("SELECT kind, count(*) FROM hookledger_private.discrepancies "
                              "WHERE status = 'open' GROUP BY kind")
