@@ -184,6 +184,7 @@ def _serve_workers(settings: Settings, url: str, started: float) -> None:
         "hookledger.app:app_from_environment", factory=True, host=settings.host,
         port=settings.port, workers=settings.workers, log_config=None, access_log=False,
         lifespan="on", timeout_graceful_shutdown=30, server_header=False,
+        timeout_keep_alive=settings.keep_alive_s,
         http=CoalescingHttpToolsProtocol,
     )
     try:

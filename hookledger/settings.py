@@ -111,6 +111,9 @@ class Settings(BaseSettings):
     # additions (documented in the README)
     max_body_bytes: int = Field(default=1024 * 1024, gt=0)
     body_timeout_s: float = Field(default=10.0, gt=0)
+    # longer than the idle expiry of the client or proxy sending to us, so that it, not we,
+    # closes an idle connection: a close crossing its next request resets that request
+    keep_alive_s: int = Field(default=75, gt=0)
     log_format: str = Field(default="auto", pattern="^(auto|json|console)$")
     log_level: str = Field(default="info", pattern="^(debug|info|warning|error)$")
     embedded_os_user: str = "hookledger"

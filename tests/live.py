@@ -32,7 +32,8 @@ def running_service(db_url: str, **settings: Any) -> Iterator[str]:
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     config = uvicorn.Config(create_app(config_settings, db_url), log_config=None,
-                            access_log=False, lifespan="on")
+                            access_log=False, lifespan="on",
+                            timeout_keep_alive=config_settings.keep_alive_s)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

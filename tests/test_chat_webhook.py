@@ -116,22 +116,31 @@ def test_a_retry_storm_keeps_exactly_one_event_per_delivery_id(service: str,
     deliveries = 200
     retries = 4
 
+    connections = 64
+    sends = []
+    for attempt in range(1, retries + 1):
+        for n in range(deliveries):
+            phone = list(SECRETS)[n % 3]
+            sends.append((phone, n, attempt))
+    random.Random(7).shuffle(sends)  # retries race their first attempts
+
     async def storm() -> list[httpx.Response]:
-        limits = httpx.Limits(max_connections=64)
+        # as many in flight as connections, as a sender's pool has: 800 requests queued on
+        # httpx's pool at once starve its event loop (its queue is scanned per release),
+        # leaving connections idle for seconds between requests
+        gate = asyncio.Semaphore(connections)
+        limits = httpx.Limits(max_connections=connections)
         async with httpx.AsyncClient(timeout=30, limits=limits) as client:
-            requests = []
-            for attempt in range(1, retries + 1):
-                for n in range(deliveries):
-                    phone = list(SECRETS)[n % 3]
-                    raw = encode(status("read", message_id=f"wamid.S{n}", phone=phone))
-                    requests.append(client.post(
+            async def send(phone: str, n: int, attempt: int) -> httpx.Response:
+                raw = encode(status("read", message_id=f"wamid.S{n}", phone=phone))
+                async with gate:
+                    return await client.post(
                         f"{service}/webhooks/chat/{phone}", content=raw, headers={
                             "x-service-signature": chat_header(SECRETS[phone], raw,
                                                                int(time.time())),
                             "x-service-delivery-id": f"storm-{n}",
-                            "x-service-attempt": str(attempt)}))
-            random.Random(7).shuffle(requests)  # retries race their first attempts
-            return await asyncio.gather(*requests)
+                            "x-service-attempt": str(attempt)})
+            return await asyncio.gather(*(send(*each) for each in sends))
 
     answers = asyncio.run(storm())
     assert {a.status_code for a in answers} == {200}

@@ -1,0 +1,95 @@
+"""How long ``serve`` keeps an idle connection open for the sender's next delivery.
+
+A server that closes an idle connection just as its client sends the next request on it
+resets that request; for the general system, which never resends, that delivery is lost.
+Closing later than the sender's own idle expiry leaves the close to the sender, which is
+race-free: so the keep-alive is configurable and outlasts common clients' and proxies'.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hookledger.settings import Settings
+from tests.live import running_service
+from tests.test_serve_process import free_port, wait_ready
+
+pytestmark = pytest.mark.slow
+REQUEST = b"GET /healthz HTTP/1.1\r\nhost: hookledger\r\n\r\n"
+
+
+def connected(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def answered(sock: socket.socket) -> bool:
+    """Send one request on ``sock``; whether a whole 200 came back on it."""
+    sock.sendall(REQUEST)
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        chunk = sock.recv(4096)
+        if not chunk:
+            return False
+        answer += chunk
+    return answer.startswith(b"HTTP/1.1 200")
+
+
+def closed_by_server(sock: socket.socket) -> bool:
+    """Whether the server has closed ``sock`` (nothing sent on it meanwhile)."""
+    sock.setblocking(False)
+    try:
+        return sock.recv(1, socket.MSG_PEEK) == b""
+    except BlockingIOError:
+        return False  # open, nothing to read
+    except ConnectionResetError:
+        return True
+    finally:
+        sock.setblocking(True)
+
+
+@pytest.fixture
+def serving(db_url: str, tmp_path: Path) -> Iterator[int]:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKLEDGER_")}
+    env.update(HOOKLEDGER_DATABASE_URL=db_url, HOOKLEDGER_HOME=str(tmp_path),
+               HOOKLEDGER_PORT=str(port), HOOKLEDGER_LOG_LEVEL="warning",
+               HOOKLEDGER_KEEP_ALIVE_S="2", HOOKLEDGER_RECONCILE_INTERVAL_S="3600")
+    proc = subprocess.Popen([sys.executable, "-m", "hookledger", "serve"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_ready(port, proc)
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def test_serve_keeps_an_idle_connection_for_the_configured_time_then_closes_it(
+        serving: int) -> None:
+    with connected(serving) as sock:
+        assert answered(sock)
+        time.sleep(1)
+        assert not closed_by_server(sock)
+        assert answered(sock)  # the same connection carries the next delivery
+        time.sleep(3.5)
+        assert closed_by_server(sock)
+
+
+def test_by_default_an_idle_connection_outlasts_common_client_pools(db_url: str) -> None:
+    """httpx's and uvicorn's own 5 s would race each other; the default waits far longer."""
+    assert Settings(database_url=db_url).keep_alive_s >= 60
+    with running_service(db_url) as base, connected(int(base.rsplit(":", 1)[1])) as sock:
+        assert answered(sock)
+        time.sleep(6)
+        assert not closed_by_server(sock)
+        assert answered(sock)
