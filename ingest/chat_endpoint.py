@@ -98,7 +98,8 @@ class ChatEndpoint:
         try:
             body = await read_limited(request, self._max_body, self._body_timeout_s)
         except BodyTooLarge as exc:
-            return await self._refuse(refusal(413, exc.reason, exc.detail, b"", 0, False))
+            return await self._refuse(refusal(413, exc.reason, exc.detail, exc.head, exc.size,
+                                              False))
         except BodyTooSlow as exc:
             return await self._refuse(refusal(408, exc.reason, exc.detail, b"", 0, False))
         except BodyIncomplete as exc:

@@ -27,7 +27,15 @@ class BodyError(IngestError):
 
 
 class BodyTooLarge(IngestError):
-    """The body is larger than the configured limit."""
+    """The body is larger than the configured limit. Carries its first bytes (``head``)
+    and the size known (declared, or read before the limit was passed): the general
+    system never sends a delivery again, and those bytes often name its reference."""
+
+    def __init__(self, reason: str, detail: str | None, head: bytes = b"",
+                 size: int = 0) -> None:
+        super().__init__(reason, detail)
+        self.head = head
+        self.size = size
 
 
 class BodyTooSlow(IngestError):

@@ -35,7 +35,7 @@ async def post_expectation(request: Request) -> Response:
     try:
         # Starlette's Request has what it reads (headers.get, receive); its Headers
         # type differs from the protocol's only in get()'s overloads
-        raw = await read_limited(cast(DeliveryRequest, request), MAX_BODY)
+        raw = await read_limited(cast(DeliveryRequest, request), MAX_BODY, head_bytes=0)
     except BodyTooLarge:
         return _error(413, "too_large", f"the body is over {MAX_BODY} bytes")
     except BodyTooSlow as exc:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -30,17 +33,50 @@ def request_with(chunks: list[bytes], headers: list[tuple[bytes, bytes]] | None 
 
 
 async def test_stops_reading_as_soon_as_the_limit_is_passed() -> None:
-    request, consumed = request_with([b"x" * 100] * 1000)
-    with pytest.raises(BodyTooLarge):
-        await read_limited(request, limit=250)
+    request, consumed = request_with([b"a" * 100, b"b" * 100] + [b"x" * 100] * 998)
+    with pytest.raises(BodyTooLarge) as refused:
+        await read_limited(request, limit=250, head_bytes=150)
     assert sum(consumed) == 300  # three chunks: the one that crossed the limit is the last
+    assert (refused.value.head, refused.value.size) == (b"a" * 100 + b"b" * 50, 300)
+    request, _ = request_with([b"a" * 100, b"b" * 100, b"c" * 100, b"d" * 100])
+    with pytest.raises(BodyTooLarge) as refused:
+        await read_limited(request, limit=250, head_bytes=1024)
+    assert refused.value.head == b"a" * 100 + b"b" * 100 + b"c" * 100  # the last one too
 
 
-async def test_a_declared_length_over_the_limit_is_refused_before_reading() -> None:
-    request, consumed = request_with([b"x" * 10], headers=[(b"content-length", b"999999")])
-    with pytest.raises(BodyTooLarge):
+async def test_a_declared_length_over_the_limit_reads_only_the_head_it_keeps() -> None:
+    """The general system never sends a delivery again: the first kilobyte (which often
+    names the reference) is kept with the refusal, and nothing more is read."""
+    request, consumed = request_with([b'{"reference": "BIG-1", ' + b"x" * 600, b"y" * 600,
+                                      b"z" * 600], headers=[(b"content-length", b"999999")])
+    with pytest.raises(BodyTooLarge) as refused:
         await read_limited(request, limit=1000)
-    assert consumed == []
+    assert consumed == [623, 600]  # up to the head's kilobyte, not the rest
+    assert refused.value.head == (b'{"reference": "BIG-1", ' + b"x" * 600 + b"y" * 600)[:1024]
+    assert refused.value.size == 999999
+
+
+async def test_a_declared_length_over_the_limit_is_refused_unread_when_nothing_is_kept(
+        ) -> None:
+    for headers in ([(b"content-length", b"999999")],
+                    [(b"content-length", b"999999"), (b"expect", b"100-continue")]):
+        request, consumed = request_with([b"x" * 10], headers=headers)
+        with pytest.raises(BodyTooLarge) as refused:
+            await read_limited(request, limit=1000,
+                               head_bytes=0 if len(headers) == 1 else 1024)
+        assert consumed == [] and refused.value.head == b""
+
+
+async def test_a_declared_length_over_the_limit_waits_for_its_head_only_briefly() -> None:
+    async def receive() -> dict[str, object]:
+        await asyncio.sleep(60)  # a client that declared a size and sends nothing
+        raise AssertionError("unreachable")
+
+    incoming = Incoming({"headers": [(b"content-length", b"999999")]}, receive, {})
+    started = time.monotonic()
+    with pytest.raises(BodyTooLarge) as refused:
+        await read_limited(incoming, limit=1000, timeout_s=0.2)
+    assert time.monotonic() - started < 2 and refused.value.head == b""
 
 
 async def test_a_body_at_the_limit_is_read_whole() -> None:

@@ -181,7 +181,7 @@ def test_verified_but_unusable_bodies_get_400_with_a_reason(service: str, db_url
 
 def test_a_body_over_the_limit_is_413_and_never_reaches_the_ledger(service: str,
                                                                    db_url: str) -> None:
-    raw = b'{"pad": "' + b"x" * (70 * 1024) + b'"}'
+    raw = b'{"reference": "BIG-1", "pad": "' + b"x" * (70 * 1024) + b'"}'
     answer = post(service, "primary", raw, secret=SECRETS["primary"])
     assert answer.status_code == 413 and answer.json()["reason"] == "body_too_large"
 
@@ -192,8 +192,14 @@ def test_a_body_over_the_limit_is_413_and_never_reaches_the_ledger(service: str,
     streamed = httpx.post(f"{service}/webhooks/general/primary", content=chunks(), timeout=10)
     assert streamed.status_code == 413
     assert rows(db_url, "SELECT count(*) FROM hookledger.ledger") == [(0,)]
-    assert rows(db_url, "SELECT reason FROM hookledger.rejected_deliveries") == [
-        ("body_too_large",), ("body_too_large",)]
+    # the general system never sends them again: their first kilobyte names what was lost
+    [(reason, size, prefix), (streamed_reason, streamed_size, streamed_prefix)] = rows(
+        db_url, "SELECT reason, body_size, body_prefix FROM hookledger.rejected_deliveries "
+                "ORDER BY id")
+    assert (reason, size, bytes(prefix)) == ("body_too_large", len(raw), raw[:1024])
+    assert bytes(prefix).startswith(b'{"reference": "BIG-1"')
+    assert (streamed_reason, bytes(streamed_prefix)) == ("body_too_large", b"y" * 1024)
+    assert 64 * 1024 < streamed_size < 200 * 4096
 
 
 def test_health_readiness_and_metrics(service: str) -> None:
