@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 KINDS = ("missing_webhook", "status_mismatch", "amount_mismatch", "unresolved",
          "unknown_at_provider", "conflicting_events", "unsettled_paid_invoice",
          "refunded_invoice_payment", "cancelled_invoice_paid", "unprojectable_event",
-         "malformed_delivery")
+         "malformed_delivery", "recorded_twice")
 
 
 @dataclass(frozen=True)

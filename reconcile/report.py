@@ -71,6 +71,10 @@ ACTIONS = {
                               "still held: refund the customer, or reinstate the invoice if "
                               "it was cancelled by mistake. Closes once the money is "
                               "refunded against it.",
+    "recorded_twice": "One payment is in the view twice: recovered under the reference "
+                      "you registered, then delivered by webhook under the provider's "
+                      "spelling of it. Count it, and fulfil or pay it, once; register "
+                      "references as the provider spells them.",
     "unprojectable_event": "A ledger event could not be folded into a projection and was "
                            "left out of it; the event is kept. Report it with its position.",
     "malformed_delivery": "A signed delivery whose fields could not be read is kept in the "

@@ -47,6 +47,19 @@ from reconcile.findings import (
     resolved_event,
     row_finding_event,
 )
+from reconcile.recorded_twice import arrived_after_all, recorded_twice
+
+
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    """A finding a pass resolves from what a projection row shows."""
+
+    id: str
+    kind: str
+    subject: str
+    reference: str
+    reason: str
+
 
 RECONCILE_LOCK_KEY = 0x686F6F6B7265636F  # "hookreco"
 log = structlog.get_logger("hookledger.reconcile")
@@ -198,6 +211,7 @@ class Reconciler:
         await self._catch_up(conn)
         await self._settle(conn, result, now or datetime.now(UTC))
         await self._cancelled_with_money(conn, result, now or datetime.now(UTC))
+        await self._recorded_twice(conn, result, now or datetime.now(UTC))
         # the resolutions just appended, folded: a check must see them closed, or it takes
         # a finding they closed for one still open and never raises it again
         await self._catch_up(conn)
@@ -453,23 +467,53 @@ class Reconciler:
             reason = (f"the invoice now shows {same_amounts(str(invoice.received))} "
                       f"received")
             superseded.extend((i, invoice.number, reason) for i in verdict.superseded)
-        if not found and not superseded:
-            return
+        await self._record_row_findings(conn, result, now, found, [
+            Resolution(i, "cancelled_invoice_paid", "invoice", number, reason)
+            for i, number, reason in superseded])
+
+    async def _recorded_twice(self, conn: store.Connection, result: PassResult,
+                              now: datetime) -> None:
+        """Payments recovered under one spelling that webhooks then brought under the
+        provider's (:mod:`reconcile.recorded_twice`): each pair told once."""
+        pairs = await store.recorded_twice(conn)
+        findings = [(recorded_twice(pair), pair.cause_position) for pair in pairs]
+        recorded = await positions_by_key(conn, [d.dedupe_key for d, _ in findings])
+        new = [(d, cause) for d, cause in findings if d.dedupe_key not in recorded]
+        settled = [(pair, i, reason) for pair in pairs
+                   for i, reason in arrived_after_all(pair)]
+        told = await self._record_row_findings(conn, result, now, new, [
+            Resolution(i, "missing_webhook", pair.subject, pair.reference, reason)
+            for pair, i, reason in settled])
+        for d in told:
+            log.warning("reconcile.recorded_twice", subject=d.subject, reference=d.reference,
+                        detail=d.detail)
+
+    @staticmethod
+    async def _record_row_findings(conn: store.Connection, result: PassResult, now: datetime,
+                                   found: Sequence[tuple[Discrepancy, int]],
+                                   resolutions: Sequence[Resolution]) -> list[Discrepancy]:
+        """Append what a pass found from projection rows (each with the position of its
+        cause) and the findings it resolves, in one transaction; count in ``result`` what
+        was new (the projector may have recorded a finding meanwhile). The findings
+        recorded now are returned."""
+        if not found and not resolutions:
+            return []
         async with conn.transaction():
             appended = await append_in(conn, [
                 *(row_finding_event(d, result.pass_id, now, cause) for d, cause in found),
-                *(resolved_event(i, "invoice", number, reason, result.pass_id, now)
-                  for i, number, reason in superseded)])
-        for (d, _), outcome in zip(found, appended[:len(found)], strict=True):
-            if not outcome.duplicate:  # the projector may have found it meanwhile
-                result.detected.append({"kind": d.kind, "subject": d.subject,
-                                        "reference": d.reference, "detail": d.detail,
-                                        "amount_at_risk": d.amount_at_risk})
-        for (_, number, reason), outcome in zip(superseded, appended[len(found):],
-                                                strict=True):
-            if not outcome.duplicate:
-                result.resolved.append({"kind": "cancelled_invoice_paid", "subject": "invoice",
-                                        "reference": number, "reason": reason})
+                *(resolved_event(r.id, r.subject, r.reference, r.reason, result.pass_id, now)
+                  for r in resolutions)])
+        told = [d for (d, _), outcome in zip(found, appended[:len(found)], strict=True)
+                if not outcome.duplicate]
+        result.detected.extend({"kind": d.kind, "subject": d.subject, "reference": d.reference,
+                                "detail": d.detail, "amount_at_risk": d.amount_at_risk}
+                               for d in told)
+        result.resolved.extend({"kind": r.kind, "subject": r.subject, "reference": r.reference,
+                                "reason": r.reason}
+                               for r, outcome in zip(resolutions, appended[len(found):],
+                                                     strict=True)
+                               if not outcome.duplicate)
+        return told
 
     async def _observe(self, conn: store.Connection) -> None:
         await self._catch_up(conn)

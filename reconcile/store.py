@@ -20,6 +20,7 @@ from psycopg.rows import dict_row
 from projections.general_folds import PAYMENT_RANK, PAYOUT_RANK, amount_source
 from reconcile.cancelled_invoices import Earlier
 from reconcile.checks import CHECK_KINDS, SUCCESSORS, Local, OpenDiscrepancy
+from reconcile.recorded_twice import RecordedTwice
 
 Connection = psycopg.AsyncConnection[Any]
 # open findings whose subject is asked about again; a malformed delivery's payment is asked
@@ -337,6 +338,44 @@ async def cancelled_with_money(conn: Connection) -> list[CancelledWithMoney]:
                           bool(e["open"]), e["resolved_by"], int(e["position"]))
                   for e in earlier)))
     return found
+
+
+RECORDED_TWICE_SQL = """
+WITH pairs AS (
+    SELECT DISTINCT r.facts ->> 'subject' AS subject, r.facts ->> 'reference' AS ours,
+           r.facts ->> 'provider_reference' AS theirs
+    FROM hookledger_private.ledger_events r
+    WHERE r.event_type = 'reconcile.recovered'
+      AND r.facts ->> 'provider_reference' <> r.facts ->> 'reference'
+)
+SELECT pairs.subject, pairs.ours, pairs.theirs, coalesce(p.amount, o.amount),
+       coalesce(p.last_position, o.last_position),
+       coalesce(p.outcome, o.outcome) IS NOT DISTINCT FROM coalesce(mp.outcome, mo.outcome),
+       ARRAY(SELECT d.id FROM hookledger_private.discrepancies d
+             WHERE d.status = 'open' AND d.kind = 'missing_webhook'
+               AND d.subject = pairs.subject AND d.reference = pairs.ours ORDER BY d.id)
+FROM pairs
+LEFT JOIN hookledger_private.payments p
+       ON pairs.subject = 'collection' AND p.reference = pairs.theirs
+LEFT JOIN hookledger_private.payouts o ON pairs.subject = 'payout' AND o.reference = pairs.theirs
+LEFT JOIN hookledger_private.payments mp
+       ON pairs.subject = 'collection' AND mp.reference = pairs.ours
+LEFT JOIN hookledger_private.payouts mo ON pairs.subject = 'payout' AND mo.reference = pairs.ours
+WHERE coalesce(p.reference, o.reference) IS NOT NULL
+ORDER BY 1, 2, 3
+"""
+
+
+async def recorded_twice(conn: Connection) -> list[RecordedTwice]:
+    """Every recovery filed under another spelling than the provider's, whose provider
+    spelling has a row of its own (webhooks brought it). Recoveries are few (one per lost
+    webhook), read by the ledger's event type index."""
+    cur = await conn.execute(RECORDED_TWICE_SQL)
+    return [RecordedTwice(str(subject), str(ours), str(theirs),
+                          None if amount is None else Decimal(amount), int(position),
+                          bool(agrees), tuple(str(i) for i in missing))
+            for subject, ours, theirs, amount, position, agrees, missing
+            in await cur.fetchall()]
 
 
 async def open_by_kind(conn: Connection) -> dict[str, int]:

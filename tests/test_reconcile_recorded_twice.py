@@ -1,0 +1,98 @@
+"""A payment recovered under the merchant's spelling, then delivered under the provider's.
+
+Registered as CASE-1, its webhook lost, the provider's record (spelled case-1) recovered it
+under CASE-1. When the webhook then arrives after all, as case-1, the same money is in
+``payments`` twice, and the recovered row's ``missing_webhook`` ("fulfil it") never closes:
+nothing ties the two rows together but the recovery's ``provider_reference``.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from sandbox.runner import running_sandbox
+from tests.reconcile_helpers import CountingState, body, deliver, expect, reconcile, rows
+from tests.test_reconcile_pass import NO_BACKOFF, discrepancies, person_resolves
+
+CASES = [
+    ("collection", "payments", body("payment.confirmed", 91000, reference="case-1",
+                                    amount=100), ("payment.confirmed", 91000)),
+    ("payout", "payouts", body("payout.confirmed", 92000, reference="case-1", amount=100,
+                               service="Disbursement"),
+     ("payout.confirmed", 92000)),
+]
+
+
+@pytest.mark.parametrize(("kind", "view", "record", "webhook"), CASES,
+                         ids=[c[0] for c in CASES])
+def test_a_late_webhook_under_the_providers_spelling_is_found_as_recorded_twice(
+        db_url: str, kind: str, view: str, record: dict[str, Any],
+        webhook: tuple[str, int]) -> None:
+    state = CountingState()
+    for spelling in ("CASE-1", "case-1"):  # the provider answers either
+        state.put_record(spelling, record)
+    expect(db_url, "CASE-1", kind, 100)
+    with running_sandbox(state=state) as api:
+        assert reconcile(db_url, api.url).recovered == ["CASE-1"]
+        deliver(db_url, webhook[0], webhook[1], reference="case-1", amount=100,
+                **({"service": "Disbursement"} if kind == "payout" else {}))
+        assert rows(db_url, f"SELECT reference, recovered FROM hookledger.{view} "
+                            f"ORDER BY reference") == [("CASE-1", True), ("case-1", False)]
+        found = reconcile(db_url, api.url, **NO_BACKOFF, recheck_limit=0)
+        again = reconcile(db_url, api.url, **NO_BACKOFF)
+    assert [(d["kind"], d["subject"], d["reference"]) for d in found.detected] == [
+        ("recorded_twice", kind, "CASE-1")]
+    assert again.detected == []
+    # the recovery's "fulfil it" is settled by the webhook that arrived after all
+    assert [(r["kind"], r["reference"]) for r in found.resolved] == [
+        ("missing_webhook", "CASE-1")]
+    assert "arrived as case-1" in found.resolved[0]["reason"]
+    assert discrepancies(db_url) == [("recorded_twice", kind, "CASE-1", Decimal(100))]
+    [(found_id, detail, risk)] = rows(
+        db_url, "SELECT id, detail, amount_at_risk FROM hookledger.discrepancies "
+                "WHERE kind = 'recorded_twice' AND status = 'open'")
+    assert "case-1" in detail and "CASE-1" in detail and risk == Decimal(100)
+
+    person_resolves(db_url, found_id, kind, "CASE-1", "counted once, fulfilled once")
+    with running_sandbox(state=state) as api:
+        later = reconcile(db_url, api.url, **NO_BACKOFF)
+    assert later.detected == []
+    assert ("recorded_twice", kind, "CASE-1", Decimal(100)) not in discrepancies(db_url)
+
+
+def test_the_same_spelling_or_no_row_under_the_other_is_nothing(db_url: str) -> None:
+    """A recovery whose record is spelled as asked, or whose other spelling no webhook
+    brought, leaves nothing counted twice."""
+    state = CountingState()
+    state.put_record("SAME-1", body("payment.confirmed", 91000, reference="SAME-1",
+                                    amount=100))
+    state.put_record("CASE-2", body("payment.confirmed", 91000, reference="case-2",
+                                    amount=100))
+    expect(db_url, "SAME-1", "collection", 100)
+    expect(db_url, "CASE-2", "collection", 100)
+    with running_sandbox(state=state) as api:
+        assert sorted(reconcile(db_url, api.url).recovered) == ["CASE-2", "SAME-1"]
+        deliver(db_url, "payment.confirmed", 91000, reference="case-9", amount=100)
+        result = reconcile(db_url, api.url)
+    assert not [d for d in result.detected if d["kind"] == "recorded_twice"]
+    assert rows(db_url, "SELECT count(*) FROM hookledger.discrepancies "
+                        "WHERE kind = 'recorded_twice'") == [(0,)]
+
+
+def test_a_late_webhook_that_disagrees_leaves_the_recovery_open_beside_it(
+        db_url: str) -> None:
+    state = CountingState()
+    for spelling in ("CASE-3", "case-3"):
+        state.put_record(spelling, body("payment.confirmed", 91000, reference="case-3",
+                                        amount=100))
+    expect(db_url, "CASE-3", "collection", 100)
+    with running_sandbox(state=state) as api:
+        assert reconcile(db_url, api.url).recovered == ["CASE-3"]
+        deliver(db_url, "payment.failed", 91050, reference="case-3", amount=100)
+        found = reconcile(db_url, api.url, **NO_BACKOFF, recheck_limit=0)
+    assert [d["kind"] for d in found.detected] == ["recorded_twice"] and not found.resolved
+    assert [(k, r) for k, _, r, _ in discrepancies(db_url)] == [
+        ("missing_webhook", "CASE-3"), ("recorded_twice", "CASE-3")]
