@@ -75,11 +75,52 @@ class CoalescingTransport:
 
 
 class CoalescingHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's ``httptools`` protocol over a :class:`CoalescingTransport`."""
+    """uvicorn's ``httptools`` protocol over a :class:`CoalescingTransport`, which also
+    bounds how long a connection answered before its request's body ended (a ``413``, a
+    ``408``) goes on taking that body.
+
+    uvicorn reads and drops the rest of such a body, and every byte of it cancels the
+    keep-alive timer set when the answer went out; nothing set it again once the body had
+    passed. A sender that went on sending, or stopped without closing, held the connection
+    (and a file descriptor) for ever. Here it may go on for the keep-alive time after the
+    answer, and once the body has passed the connection idles as after any answer.
+    """
+
+    _linger: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(
             CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.cycle is not None and self.cycle.more_body and not self.transport.is_closing():
+            self._linger = self.loop.call_later(self.timeout_keep_alive, self._end_linger)
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        if self._linger is not None and self.cycle.response_complete:
+            self._linger.cancel()  # the answered request's body has passed: idle from here
+            self._linger = None
+            self._unset_keepalive_if_required()
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler)
+
+    def on_message_begin(self) -> None:
+        # the next request, in the data that ended the last body: it is no longer idle
+        self._unset_keepalive_if_required()
+        super().on_message_begin()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
+        super().connection_lost(exc)
+
+    def _end_linger(self) -> None:
+        self._linger = None
+        if not self.transport.is_closing():
+            self.transport.close()
 
 
 def complete_body(receive: Any) -> bytes | None:

@@ -21,6 +21,7 @@ MAX_DETAIL = 500
 KEEP_ROWS = 100_000
 PRUNE_EVERY = 128
 RECORD_TIMEOUT_S = 2.0
+MAX_BODY_SIZE = 2**63 - 1  # what ``body_size`` (bigint) holds; HTTP allows 2^64 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +48,7 @@ class Refusal:
             "verified": self.verified,
             "http_status": self.http_status,
             "body_sha256": hashlib.sha256(self.body).hexdigest(),
-            "body_size": self.body_size,
+            "body_size": min(self.body_size, MAX_BODY_SIZE),  # a declared size, at most
             "body_prefix": self.body[:keep],
             "headers": json.dumps(dict(self.headers), sort_keys=True),
             "remote_addr": self.remote_addr,

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from starlette.datastructures import Headers
 from starlette.requests import Request
 
+from ingest import body
 from ingest.body import read_limited
 from ingest.errors import BodyIncomplete, BodyTooLarge
 from ingest.incoming import Incoming, RawHeaders
@@ -67,16 +68,18 @@ async def test_a_declared_length_over_the_limit_is_refused_unread_when_nothing_i
         assert consumed == [] and refused.value.head == b""
 
 
-async def test_a_declared_length_over_the_limit_waits_for_its_head_only_briefly() -> None:
+async def test_a_declared_length_over_the_limit_waits_for_its_head_only_briefly(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     async def receive() -> dict[str, object]:
         await asyncio.sleep(60)  # a client that declared a size and sends nothing
         raise AssertionError("unreachable")
 
+    monkeypatch.setattr(body, "HEAD_WAIT_S", 0.3)
     incoming = Incoming({"headers": [(b"content-length", b"999999")]}, receive, {})
     started = time.monotonic()
     with pytest.raises(BodyTooLarge) as refused:
-        await read_limited(incoming, limit=1000, timeout_s=0.2)
-    assert time.monotonic() - started < 2 and refused.value.head == b""
+        await read_limited(incoming, limit=1000)  # the body's own timeout: 10 s
+    assert 0.25 < time.monotonic() - started < 3 and refused.value.head == b""
 
 
 async def test_a_body_at_the_limit_is_read_whole() -> None:

@@ -275,6 +275,21 @@ def test_a_client_gone_mid_body_is_recorded_with_what_it_sent(db_url: str, path:
     assert rows(db_url, "SELECT count(*) FROM hookledger.ledger") == [(1,)]
 
 
+def test_a_declared_length_past_what_the_table_counts_is_still_recorded(
+        service: str, db_url: str) -> None:
+    """HTTP allows lengths up to 2^64 - 1, ``body_size`` holds up to 2^63 - 1: the refusal
+    was answered but never recorded (the insert failed), by anyone who asked."""
+    host, port = service.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(b"POST /webhooks/general/primary HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Length: 18446744073709551615\r\n\r\n" + b'{"reference": "HUGE-1"')
+        assert sock.recv(4096).startswith(b"HTTP/1.1 413 ")
+    [(reason, size, prefix)] = rows(
+        db_url, "SELECT reason, body_size, convert_from(body_prefix, 'UTF8') "
+                "FROM hookledger.rejected_deliveries")
+    assert (reason, size, prefix) == ("body_too_large", 2**63 - 1, '{"reference": "HUGE-1"')
+
+
 def test_a_nul_in_the_path_is_refused_and_recorded_escaped(service: str, db_url: str) -> None:
     """``%00`` decodes to a NUL, which PostgreSQL text refuses: the refusal was answered
     but never recorded, and the NUL went to the log as it was."""

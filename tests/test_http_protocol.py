@@ -7,6 +7,7 @@ to over raw sockets; the socket writes are counted under the coalescing layer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -61,6 +62,11 @@ async def app(scope: Scope, receive: Receive, send: Send) -> None:
                     "headers": [(b"content-length", str(len(answer)).encode())]})
         await send({"type": "http.response.body", "body": answer})
         return
+    if scope["path"] == "/early":  # refused before its body is read, as a 413 is
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-length", b"0")]})
+        await send({"type": "http.response.body", "body": b""})
+        return
     while (await receive()).get("more_body"):
         pass
     if scope["path"] == "/stream":  # the second part only after the client saw the first
@@ -75,12 +81,16 @@ async def app(scope: Scope, receive: Receive, send: Send) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+KEEP_ALIVE_S = 1
+
+
 @pytest.fixture
 async def port() -> AsyncIterator[int]:
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
                                            http=CountedProtocol, lifespan="off",
-                                           log_config=None, access_log=False))
+                                           log_config=None, access_log=False,
+                                           timeout_keep_alive=KEEP_ALIVE_S))
     serving = asyncio.create_task(server.serve())
     while not server.started:
         await asyncio.sleep(0.01)
@@ -235,3 +245,65 @@ async def test_a_large_write_is_handed_on_at_once_for_flow_control() -> None:
     transport.write(b"tail")
     await asyncio.sleep(0)
     assert under.written[1:] == [b"tail"]
+
+
+def declaring(path: str, length: int) -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: t\r\nContent-Length: {length}\r\n\r\n"
+            .encode())
+
+
+async def closed_within(reader: asyncio.StreamReader, seconds: float) -> float | None:
+    """Seconds until the server closed the connection (EOF or reset), else None."""
+    started = asyncio.get_running_loop().time()
+    try:
+        async with asyncio.timeout(seconds):
+            while await reader.read(4096):
+                pass
+    except TimeoutError:
+        return None
+    except ConnectionResetError:
+        pass
+    return asyncio.get_running_loop().time() - started
+
+
+async def test_a_sender_trickling_a_refused_body_is_closed_after_the_keep_alive(
+        port: int) -> None:
+    """Answered before its body ended, a connection went on taking the body, and every byte
+    of it cancelled the keep-alive timer: a sender that never stopped held it for ever."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(declaring("/early", 10_000_000) + b"x" * 1000)
+    head = await reader.readuntil(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413 ")
+
+    async def trickle() -> None:
+        with contextlib.suppress(ConnectionError):
+            while True:
+                writer.write(b"x" * 100)
+                await writer.drain()
+                await asyncio.sleep(0.1)
+
+    trickling = asyncio.create_task(trickle())
+    try:
+        after = await closed_within(reader, KEEP_ALIVE_S + 4)
+    finally:
+        trickling.cancel()
+        writer.close()
+    assert after is not None and after < KEEP_ALIVE_S + 2
+
+
+async def test_after_the_refused_body_has_passed_the_connection_idles_as_after_any_answer(
+        port: int) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(declaring("/early", 3000) + b"x" * 1000)
+    assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 413 ")
+    writer.write(b"x" * 2000 + get("/next"))  # the rest of it, then the next request
+    head, body = await read_response(reader)
+    assert head.startswith(b"HTTP/1.1 200 ") and body == b"/next"
+    await asyncio.sleep(KEEP_ALIVE_S * 0.5)  # answered, then idle: kept until the timer
+    assert not reader.at_eof()
+    writer.write(declaring("/early", 3000) + b"x" * 1000)
+    assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 413 ")
+    writer.write(b"x" * 2000)  # the rest of the body after the answer, then silence
+    after = await closed_within(reader, KEEP_ALIVE_S + 4)
+    writer.close()
+    assert after is not None and after < KEEP_ALIVE_S + 2
