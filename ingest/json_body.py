@@ -137,6 +137,9 @@ def parse_object(raw: bytes) -> tuple[dict[str, Any], str]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise BodyError("invalid_utf8", f"not UTF-8 at byte {exc.start}") from exc
+    # one byte order mark may be ignored (RFC 8259, 8.1); refused, a signed delivery the
+    # general system never sends again was lost over it (the raw body keeps it)
+    text = text.removeprefix("\ufeff")
     if text.startswith("\ufeff"):  # as json.loads would say; the decoder alone would not
         raise BodyError("invalid_json", "Unexpected UTF-8 BOM (decode using utf-8-sig)")
     try:

@@ -96,6 +96,18 @@ def test_an_invoice_saved_back_to_an_earlier_state_ends_in_that_state(
                 "WHERE invoice_no = 'INV-BACK' AND event_count = 3")) == [(1000, 300, 700)]
 
 
+def test_a_signed_delivery_with_a_byte_order_mark_is_kept_and_projected(
+        service: str, db_url: str) -> None:
+    raw = b"\xef\xbb\xbf" + encode(general_body("payment.confirmed", 91000, reference="R-BOM"))
+    answer = post(service, "primary", raw, secret=SECRETS["primary"])
+    assert answer.status_code == 200, answer.text
+    [(raw_body, reference)] = rows(db_url, "SELECT raw_body, payload->>'reference' "
+                                           "FROM hookledger.ledger")
+    assert bytes(raw_body) == raw and reference == "R-BOM"
+    assert wait_for(lambda: rows(db_url, "SELECT outcome FROM hookledger.payments "
+                                         "WHERE reference = 'R-BOM'")) == [("success",)]
+
+
 def test_concurrent_copies_of_one_event_make_one_ledger_event(service: str, db_url: str) -> None:
     raw = encode(general_body("payment.confirmed", 91000, reference="R-RACE"))
 
