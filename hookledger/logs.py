@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Iterable, MutableMapping
+from collections.abc import Iterable, Mapping, MutableMapping
 from typing import Any
 
 import structlog
@@ -30,17 +30,35 @@ class _CurrentStderr:
 
 
 def secret_masker(secrets: Iterable[str]) -> structlog.types.Processor:
+    """Mask every configured secret in every value a line renders: text, and text inside
+    mappings, sequences, bytes and any other object (by the text it renders as), since the
+    renderer writes those too. Numbers, booleans and None pass as they are."""
     needles = sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True)
+
+    def masked_text(text: str) -> str:
+        for needle in needles:
+            if needle in text:
+                text = text.replace(needle, MASK)
+        return text
+
+    def masked(value: Any, depth: int = 0) -> Any:
+        if value is None or isinstance(value, bool | int | float):
+            return value
+        if isinstance(value, str):
+            return masked_text(value)
+        if depth < 8 and isinstance(value, Mapping):
+            return {masked(k, depth + 1): masked(v, depth + 1) for k, v in value.items()}
+        if depth < 8 and isinstance(value, list | tuple | set | frozenset):
+            return [masked(v, depth + 1) for v in value]
+        text = (value.decode("utf-8", "replace") if isinstance(value, bytes | bytearray)
+                else str(value))
+        return masked_text(text) if any(n in text for n in needles) else value
 
     def mask(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
         if not needles:
             return event
         for key, value in event.items():
-            if isinstance(value, str):
-                for needle in needles:
-                    if needle in value:
-                        value = value.replace(needle, MASK)
-                event[key] = value
+            event[key] = masked(value)
         return event
 
     return mask

@@ -50,6 +50,22 @@ def test_the_masker_hides_a_secret_that_reached_a_log_line() -> None:
     assert event["detail"] == f"header was {logs.MASK}!"
 
 
+def test_the_masker_hides_a_secret_inside_any_value_a_line_renders(
+        json_logs: None, capsys: pytest.CaptureFixture[str]) -> None:
+    """Only text values were masked: a secret inside a dict, a list, bytes or an exception
+    passed as a value was rendered as it was."""
+    structlog.get_logger().warning(
+        "oops", headers={"x-sig": SECRET, "n": 1}, parts=["a", (SECRET, 2)],
+        error=ValueError(f"bad {SECRET}"), raw=SECRET.encode(), count=3, known=None)
+    err = capsys.readouterr().err
+    assert SECRET not in err
+    line = json.loads(err)
+    assert line["headers"] == {"x-sig": logs.MASK, "n": 1}
+    assert line["parts"] == ["a", [logs.MASK, 2]]
+    assert logs.MASK in line["error"] and logs.MASK in line["raw"]
+    assert (line["count"], line["known"]) == (3, None)  # the rest as it was
+
+
 def test_library_records_are_json_lines_and_masked_too(
         capsys: pytest.CaptureFixture[str]) -> None:
     """uvicorn's traceback of a failing request, say, goes through the same masker."""
