@@ -349,11 +349,13 @@ WITH pairs AS (
       AND r.facts ->> 'provider_reference' <> r.facts ->> 'reference'
 )
 SELECT pairs.subject, pairs.ours, pairs.theirs, coalesce(p.amount, o.amount),
-       coalesce(p.last_position, o.last_position),
-       coalesce(p.outcome, o.outcome) IS NOT DISTINCT FROM coalesce(mp.outcome, mo.outcome),
-       ARRAY(SELECT d.id FROM hookledger_private.discrepancies d
-             WHERE d.status = 'open' AND d.kind = 'missing_webhook'
-               AND d.subject = pairs.subject AND d.reference = pairs.ours ORDER BY d.id)
+       coalesce(p.last_position, o.last_position), coalesce(p.outcome, o.outcome),
+       EXISTS (SELECT 1 FROM hookledger_private.expectations e
+               WHERE e.kind = pairs.subject AND e.reference = pairs.theirs),
+       coalesce((SELECT jsonb_agg(jsonb_build_array(d.id, d.facts) ORDER BY d.id)
+                 FROM hookledger_private.discrepancies d
+                 WHERE d.status = 'open' AND d.kind = 'missing_webhook'
+                   AND d.subject = pairs.subject AND d.reference = pairs.ours), '[]')
 FROM pairs
 LEFT JOIN hookledger_private.payments p
        ON pairs.subject = 'collection' AND p.reference = pairs.theirs
@@ -362,19 +364,22 @@ LEFT JOIN hookledger_private.payments mp
        ON pairs.subject = 'collection' AND mp.reference = pairs.ours
 LEFT JOIN hookledger_private.payouts mo ON pairs.subject = 'payout' AND mo.reference = pairs.ours
 WHERE coalesce(p.reference, o.reference) IS NOT NULL
+  -- still the provider's record alone: a webhook of its own would make it a row like any
+  AND coalesce(mp.recovered, mo.recovered)
 ORDER BY 1, 2, 3
 """
 
 
 async def recorded_twice(conn: Connection) -> list[RecordedTwice]:
-    """Every recovery filed under another spelling than the provider's, whose provider
+    """Every recovered row filed under another spelling than the provider's, whose provider
     spelling has a row of its own (webhooks brought it). Recoveries are few (one per lost
     webhook), read by the ledger's event type index."""
     cur = await conn.execute(RECORDED_TWICE_SQL)
     return [RecordedTwice(str(subject), str(ours), str(theirs),
                           None if amount is None else Decimal(amount), int(position),
-                          bool(agrees), tuple(str(i) for i in missing))
-            for subject, ours, theirs, amount, position, agrees, missing
+                          None if outcome is None else str(outcome), bool(both_expected),
+                          tuple((str(i), facts or {}) for i, facts in missing))
+            for subject, ours, theirs, amount, position, outcome, both_expected, missing
             in await cur.fetchall()]
 
 

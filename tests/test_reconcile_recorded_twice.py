@@ -49,7 +49,7 @@ def test_a_late_webhook_under_the_providers_spelling_is_found_as_recorded_twice(
     # the recovery's "fulfil it" is settled by the webhook that arrived after all
     assert [(r["kind"], r["reference"]) for r in found.resolved] == [
         ("missing_webhook", "CASE-1")]
-    assert "arrived as case-1" in found.resolved[0]["reason"]
+    assert found.resolved[0]["reason"].startswith("under case-1: the late webhook arrived")
     assert discrepancies(db_url) == [("recorded_twice", kind, "CASE-1", Decimal(100))]
     [(found_id, detail, risk)] = rows(
         db_url, "SELECT id, detail, amount_at_risk FROM hookledger.discrepancies "
@@ -96,3 +96,71 @@ def test_a_late_webhook_that_disagrees_leaves_the_recovery_open_beside_it(
     assert [d["kind"] for d in found.detected] == ["recorded_twice"] and not found.resolved
     assert [(k, r) for k, _, r, _ in discrepancies(db_url)] == [
         ("missing_webhook", "CASE-3"), ("recorded_twice", "CASE-3")]
+
+
+def test_a_refund_under_the_providers_spelling_settles_the_recoverys_fulfil_it(
+        db_url: str) -> None:
+    """The success was recovered under CASE-4; its webhook came as case-4 after all, and
+    then the refund's. Comparing the rows' outcomes (refunded, success) left "fulfil it"
+    open beside the refund: it is settled as a refund under the same spelling settles it."""
+    state = CountingState()
+    for spelling in ("CASE-4", "case-4"):
+        state.put_record(spelling, body("payment.confirmed", 91000, reference="case-4",
+                                        amount=100))
+    expect(db_url, "CASE-4", "collection", 100)
+    with running_sandbox(state=state) as api:
+        assert reconcile(db_url, api.url).recovered == ["CASE-4"]
+        deliver(db_url, "payment.confirmed", 91000, reference="case-4", amount=100)
+        deliver(db_url, "payment.refunded", 91010, reference="case-4", amount=100)
+        found = reconcile(db_url, api.url, **NO_BACKOFF, recheck_limit=0)
+    assert [d["kind"] for d in found.detected] == ["recorded_twice"]
+    assert [(r["kind"], r["reference"], r["reason"]) for r in found.resolved] == [
+        ("missing_webhook", "CASE-4",
+         "under case-4: a later webhook moved it on to refunded (see recorded_twice)")]
+    assert [(k, r) for k, _, r, _ in discrepancies(db_url)] == [("recorded_twice", "CASE-4")]
+
+
+def test_a_recovered_row_confirmed_by_its_own_webhook_is_not_counted_twice(
+        db_url: str) -> None:
+    """CASE-5 was recovered from the record spelled case-5, then webhooks came under both
+    spellings: the provider sent two, so they are two payments, and CASE-5 is no longer
+    the provider's record alone."""
+    state = CountingState()
+    for spelling in ("CASE-5", "case-5"):
+        state.put_record(spelling, body("payment.confirmed", 91000, reference="case-5",
+                                        amount=100))
+    expect(db_url, "CASE-5", "collection", 100)
+    with running_sandbox(state=state) as api:
+        assert reconcile(db_url, api.url).recovered == ["CASE-5"]
+        deliver(db_url, "payment.confirmed", 91000, reference="CASE-5", amount=100)
+        deliver(db_url, "payment.confirmed", 91000, reference="case-5", amount=100)
+        assert rows(db_url, "SELECT reference, recovered FROM hookledger.payments "
+                            "ORDER BY reference") == [("CASE-5", False), ("case-5", False)]
+        result = reconcile(db_url, api.url, **NO_BACKOFF, recheck_limit=0)
+    assert not [d for d in result.detected if d["kind"] == "recorded_twice"]
+    assert rows(db_url, "SELECT count(*) FROM hookledger.discrepancies "
+                        "WHERE kind = 'recorded_twice'") == [(0,)]
+
+
+def test_both_spellings_registered_is_told_as_possibly_two_and_resolves_nothing(
+        db_url: str) -> None:
+    """The merchant registered CASE-6 and case-6; the provider answered CASE-6 with the
+    record spelled case-6, whose webhook then came. Either one payment was registered
+    twice or CASE-6 was recovered from another payment's record: a person must look, and
+    CASE-6's "fulfil it" must not be closed by case-6's webhook."""
+    state = CountingState()
+    state.put_record("CASE-6", body("payment.confirmed", 91000, reference="case-6",
+                                    amount=100))
+    expect(db_url, "CASE-6", "collection", 100)
+    expect(db_url, "case-6", "collection", 100)
+    with running_sandbox(state=state) as api:
+        first = reconcile(db_url, api.url)
+        assert "CASE-6" in first.recovered
+        deliver(db_url, "payment.confirmed", 91000, reference="case-6", amount=100)
+        found = reconcile(db_url, api.url, **NO_BACKOFF, recheck_limit=0)
+    told = [d for d in (*first.detected, *found.detected) if d["kind"] == "recorded_twice"]
+    assert [(d["reference"]) for d in told] == ["CASE-6"]
+    assert "registered as an expectation of its own" in told[0]["detail"]
+    assert not [r for r in (*first.resolved, *found.resolved)
+                if r["kind"] == "missing_webhook"]
+    assert ("missing_webhook", "collection", "CASE-6", Decimal(100)) in discrepancies(db_url)
