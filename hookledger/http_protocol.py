@@ -94,28 +94,35 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if self.cycle is not None and self.cycle.more_body and not self.transport.is_closing():
+        cycle = self.cycle  # the answered request's, unless another was parsed after it
+        if cycle is not None and cycle.response_complete and cycle.more_body \
+                and not self.pipeline and not self.transport.is_closing():
+            self._cancel_linger()
             self._linger = self.loop.call_later(self.timeout_keep_alive, self._end_linger)
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
         if self._linger is not None and self.cycle.response_complete:
-            self._linger.cancel()  # the answered request's body has passed: idle from here
-            self._linger = None
+            self._cancel_linger()  # the answered request's body has passed: idle from here
             self._unset_keepalive_if_required()
             self.timeout_keep_alive_task = self.loop.call_later(
                 self.timeout_keep_alive, self.timeout_keep_alive_handler)
 
     def on_message_begin(self) -> None:
-        # the next request, in the data that ended the last body: it is no longer idle
+        # the next request, in the data that ended the last body: it is no longer idle,
+        # nor still taking a body
         self._unset_keepalive_if_required()
+        self._cancel_linger()
         super().on_message_begin()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_linger()
+        super().connection_lost(exc)
+
+    def _cancel_linger(self) -> None:
         if self._linger is not None:
             self._linger.cancel()
             self._linger = None
-        super().connection_lost(exc)
 
     def _end_linger(self) -> None:
         self._linger = None

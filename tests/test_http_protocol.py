@@ -95,7 +95,8 @@ async def port() -> AsyncIterator[int]:
     while not server.started:
         await asyncio.sleep(0.01)
     WRITES.clear()
-    SECOND_PART.clear()
+    global SECOND_PART
+    SECOND_PART = asyncio.Event()  # this test's loop's
     yield port
     server.should_exit = True
     await serving
@@ -307,3 +308,19 @@ async def test_after_the_refused_body_has_passed_the_connection_idles_as_after_a
     after = await closed_within(reader, KEEP_ALIVE_S + 4)
     writer.close()
     assert after is not None and after < KEEP_ALIVE_S + 2
+
+
+async def test_a_pipelined_request_still_taking_its_body_is_not_cut_off(port: int) -> None:
+    """The bound is for the answered request's body. A request pipelined behind another,
+    whose body was still arriving when the first answer ended, was taken for one answered
+    mid-body and closed a keep-alive later, before it was answered."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(get("/stream") + declaring("/body", 3000) + b"x" * 1000)
+    assert (await reader.readuntil(b"first")).startswith(b"HTTP/1.1 200 ")
+    SECOND_PART.set()  # the first answer ends; the second request starts, its body unread
+    assert (await reader.readuntil(b"0\r\n\r\n")).endswith(b"second\r\n0\r\n\r\n")
+    await asyncio.sleep(KEEP_ALIVE_S * 2.5)
+    writer.write(b"x" * 2000)
+    head, body = await read_response(reader)
+    writer.close()
+    assert head.startswith(b"HTTP/1.1 200 ") and body == b"read:" + b"x" * 3000
