@@ -30,11 +30,14 @@ SECRET = "whsec-stall-1"
 
 
 class FreezableProxy:
-    """TCP on loopback to the database's Unix socket; while ``frozen`` it forwards nothing
-    either way (a partition: the connections stay open and silent)."""
+    """TCP on loopback to the database (its Unix socket, or its TCP address when
+    ``socket_path`` is None); while ``frozen`` it forwards nothing either way (a partition:
+    the connections stay open and silent)."""
 
-    def __init__(self, socket_path: str) -> None:
+    def __init__(self, socket_path: str | None, address: tuple[str, int] | None = None
+                 ) -> None:
         self.socket_path = socket_path
+        self.address = address
         self.frozen = threading.Event()
         self.port = 0
         self._loop = asyncio.new_event_loop()
@@ -54,8 +57,13 @@ class FreezableProxy:
             writer.close()
 
         async def connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            upstream_reader, upstream_writer = await asyncio.open_unix_connection(
-                self.socket_path)
+            if self.socket_path is not None:
+                upstream_reader, upstream_writer = await asyncio.open_unix_connection(
+                    self.socket_path)
+            else:
+                assert self.address is not None
+                upstream_reader, upstream_writer = await asyncio.open_connection(
+                    *self.address)
             await asyncio.gather(pump(reader, upstream_writer), pump(upstream_reader, writer))
 
         async def main() -> None:
@@ -71,7 +79,10 @@ class FreezableProxy:
 def proxied(db_url: str) -> Iterator[tuple[str, FreezableProxy]]:
     parts = urlsplit(db_url)
     query = parse_qs(parts.query)
-    proxy = FreezableProxy(f"{query['host'][0]}/.s.PGSQL.{query['port'][0]}")
+    if "host" in query:  # the embedded server: its Unix socket
+        proxy = FreezableProxy(f"{query['host'][0]}/.s.PGSQL.{query['port'][0]}")
+    else:  # a server at HOOKLEDGER_TEST_DATABASE_URL
+        proxy = FreezableProxy(None, (parts.hostname or "127.0.0.1", parts.port or 5432))
     yield f"postgresql://{parts.username or 'postgres'}@127.0.0.1:{proxy.port}{parts.path}", proxy
 
 
