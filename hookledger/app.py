@@ -142,7 +142,8 @@ def create_app(settings: Settings, database_url: str, *,
                                         max_wait_s=settings.append_max_wait_ms / 1000,
                                         spool=spool, on_spooled=drainer.nudge,
                                         on_batch=metrics.batch_size.observe,
-                                        stall_s=settings.append_stall_s)
+                                        stall_s=settings.append_stall_s,
+                                        queue_wait_s=settings.append_stall_s / 2)
             appender.start()
             stack.push_async_callback(appender.close)
             holder["runtime"] = Runtime(pool, store, appender, metrics, spool)

@@ -6,7 +6,13 @@ events queue, and the next flush takes all of them in one multi-row statement an
 commit. Under light load a lone event is flushed at once, so no latency is added; under
 heavy load a batch forms by itself while the previous commit is in flight. An optional
 ``max_wait_s`` lets a flush linger for more events when the queue is small. A request is
-answered only after the transaction holding its event has committed.
+answered only after the transaction holding its event has committed, or its event is in
+the spool (on disk, fsynced), which the drainer appends later.
+
+Two bounds keep an answer inside the sender's window when the database is slow: a flush
+held past ``stall_s`` is handed to the spool (:meth:`BatchingAppender._held`), and so is
+everyone queued once the first of them has waited ``queue_wait_s`` (a database answering
+each batch just inside ``stall_s`` made the last of a long queue wait for all of them).
 """
 
 from __future__ import annotations
@@ -69,7 +75,7 @@ class BatchingAppender:
                  max_wait_s: float = 0.0, spool: Spool | None = None,
                  on_spooled: Callable[[], None] | None = None,
                  on_batch: Callable[[int], None] | None = None,
-                 stall_s: float | None = None) -> None:
+                 stall_s: float | None = None, queue_wait_s: float | None = None) -> None:
         self._append_many = append_many
         self._spool = spool
         self._on_spooled = on_spooled
@@ -77,6 +83,10 @@ class BatchingAppender:
         self._max_batch = max_batch
         self._max_wait_s = max_wait_s
         self._queue: list[tuple[NewEvent, asyncio.Future[AppendResult]]] = []
+        # when each queued event arrived (the loop's clock), beside ``_queue``: past
+        # ``queue_wait_s`` for the first of them, the queue goes to the spool
+        self._arrived: list[float] = []
+        self._queue_wait_s = queue_wait_s
         # a flush the database has held past ``stall_s``: its task is left to end alone
         # (detached), its callers answered from the spool by the task that replaces it
         self._stall_s = stall_s
@@ -109,8 +119,10 @@ class BatchingAppender:
     async def append(self, event: NewEvent) -> AppendResult:
         if self._closing or self._task is None or self._task.done():
             raise LedgerUnavailable("the appender is not running")
-        future: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[AppendResult] = loop.create_future()
         self._queue.append((event, future))
+        self._arrived.append(loop.time())
         self._wakeup.set()
         # No shield: the commit runs in the appender's own task, so a caller that goes away
         # cancels only its own future (which _settle then skips), never the batch; a shield
@@ -132,8 +144,11 @@ class BatchingAppender:
                         self._stalled = []
                         await self._flush(stalled, spool_only=True)
                         continue
+                    if self._overdue() and await self._spool_overdue():
+                        continue
                     batch = self._queue[: self._max_batch]
                     del self._queue[: self._max_batch]
+                    del self._arrived[: self._max_batch]
                     await self._flush(batch)
                     if me is not self._task:
                         return  # held past stall_s: another task took over meanwhile
@@ -146,6 +161,39 @@ class BatchingAppender:
                     _settle(future, exc=LedgerUnavailable("the appender stopped"))
                 self._stalled.clear()
                 self._queue.clear()
+                self._arrived.clear()
+
+    def _overdue(self) -> bool:
+        return (self._queue_wait_s is not None and self._spool is not None
+                and bool(self._arrived)
+                and asyncio.get_running_loop().time() - self._arrived[0] >= self._queue_wait_s)
+
+    async def _spool_overdue(self) -> bool:
+        """Hand the whole queue to the spool, in order, and answer it: its first event has
+        waited ``queue_wait_s`` behind slow flushes, and the rest would wait for the same
+        ones. The spool's backlog then takes what comes next, ahead of the database, until
+        the drainer has caught up (the order kept). Whether it did: with a disk that cannot
+        take them they go back to the front of the queue, for the database, and are not
+        tried on the disk again until they have waited as long once more."""
+        waiting, self._queue = self._queue, []
+        waited = asyncio.get_running_loop().time() - self._arrived[0]
+        self._arrived = []
+        self._flushing = waiting
+        try:
+            if await self._to_spool(waiting, refuse=False):
+                log.error("appender.queue_overdue", events=len(waiting),
+                          waited_s=round(waited, 3), queue_wait_s=self._queue_wait_s)
+                return True
+        except asyncio.CancelledError:
+            for _, future in waiting:
+                _settle(future, exc=LedgerUnavailable("append cancelled"))
+            raise
+        except Exception:
+            log.exception("appender.spool_failed", events=len(waiting))
+        now = asyncio.get_running_loop().time()
+        self._queue[:0] = waiting
+        self._arrived[:0] = [now] * len(waiting)
+        return False
 
     async def _flush(self, batch: list[tuple[NewEvent, asyncio.Future[AppendResult]]], *,
                      spool_only: bool = False) -> None:

@@ -287,3 +287,65 @@ async def test_an_event_the_spool_cannot_encode_fails_alone(tmp_path: Path) -> N
     spooled = [e.dedupe_key for _, handle in spool.drainable()
                for e in read_records(handle.read())[0]]
     assert spooled == [KEYS[0], KEYS[2]]
+
+
+@pytest.mark.anyio
+async def test_a_long_queue_behind_slow_flushes_is_answered_from_the_spool_and_kept_once(
+        pool: AsyncConnectionPool, tmp_path: Path) -> None:
+    """A database slow but answering, each batch just inside ``stall_s``: nothing was ever
+    held, so the last of a long queue waited for every batch before it (here five, 1 s;
+    in life past the sender's window). Once the first queued event has waited
+    ``queue_wait_s``, the queue is answered from the spool, and draining it appends each
+    event once, after the batch that was committed, in arrival order."""
+    store = LedgerStore(pool)
+
+    async def slow(events: Sequence[NewEvent]) -> list[AppendResult]:
+        await asyncio.sleep(0.2)  # the database's time for each batch
+        return await store.append(events)
+
+    spool = Spool(tmp_path / "spool")
+    appender = BatchingAppender(slow, max_batch=2, spool=spool, stall_s=0.3,
+                                queue_wait_s=0.15)
+    appender.start()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+
+    async def timed(event: NewEvent) -> tuple[AppendResult, float]:
+        result = await appender.append(event)
+        return result, loop.time() - started
+
+    answers = await asyncio.gather(*(timed(e) for e in EVENTS[:10]))
+    later = await appender.append(EVENTS[10])  # behind the backlog: spooled, in order
+    await appender.close()
+    assert [a.spooled for a, _ in answers] == [False] * 2 + [True] * 8
+    assert max(t for _, t in answers) < 0.5, answers
+    assert later.spooled
+    assert await stored_keys(pool) == KEYS[:2]
+    assert await SpoolDrainer(spool, store.append).drain_once() == 9
+    assert await stored_keys(pool) == KEYS[:11]
+
+
+@pytest.mark.anyio
+async def test_an_overdue_queue_the_spool_cannot_take_goes_on_to_the_database(
+        pool: AsyncConnectionPool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the disk full as well, the overdue queue is not refused (the general system
+    would never send it again): it waits for the database after all, in order."""
+    store = LedgerStore(pool)
+
+    async def slow(events: Sequence[NewEvent]) -> list[AppendResult]:
+        await asyncio.sleep(0.1)
+        return await store.append(events)
+
+    spool = Spool(tmp_path / "spool")
+
+    def disk_full(events: Sequence[NewEvent]) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(spool, "write", disk_full)
+    appender = BatchingAppender(slow, max_batch=2, spool=spool, stall_s=0.3,
+                                queue_wait_s=0.05)
+    appender.start()
+    answers = await asyncio.gather(*(appender.append(e) for e in EVENTS[:7]))
+    await appender.close()
+    assert [a.spooled for a in answers] == [False] * 7
+    assert await stored_keys(pool) == KEYS[:7]
