@@ -23,6 +23,28 @@ from hookledger.embedded_postgres import EmbeddedPostgres
 from tests.dbutil import create_database, drop_database, unique_name, with_database
 
 FAST_TEST_SERVER = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
+OWN_BASETEMP = pytest.StashKey[Path]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Each session's temporary files in a folder of its own, not under pytest's shared
+    ``pytest-of-<user>``. The embedded servers' homes live there, and under root a server
+    runs as its own OS user, which needs to traverse that folder; every pytest session
+    takes the others' bits off the shared one as it starts, so a second session (one test
+    file run while the suite runs) cut the first one's servers off their data directories
+    (PANIC, ``Permission denied``, every later test an error). ``--basetemp`` still wins."""
+    if config.option.basetemp is None and not hasattr(config, "workerinput"):
+        folder = Path(tempfile.mkdtemp(prefix="hl-tests-"))
+        config.option.basetemp = str(folder)
+        config.stash[OWN_BASETEMP] = folder
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The folder goes once the session passed; after a failure it is kept to look at
+    (the embedded servers' ``server.log`` among it)."""
+    folder = session.config.stash.get(OWN_BASETEMP, None)
+    if folder is not None and exitstatus == 0:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
