@@ -34,6 +34,7 @@ class RecordedTwice:
     amount: Decimal | None  # the webhook row's
     cause_position: int  # the webhook row's latest event
     outcome: str | None = None  # the webhook row's
+    recovered: bool = False  # the webhook row's state is a recovered one all the same
     both_expected: bool = False  # the merchant registered both spellings
     # the recovery's missing_webhook findings still open: (id, facts)
     open_missing: tuple[tuple[str, Mapping[str, Any]], ...] = ()
@@ -65,7 +66,7 @@ def arrived_after_all(pair: RecordedTwice) -> list[tuple[str, str]]:
     open, and so does every one when both spellings are registered (they may be two)."""
     if pair.both_expected:
         return []
-    row = {"subject": pair.subject, "outcome": pair.outcome, "recovered": False}
+    row = {"subject": pair.subject, "outcome": pair.outcome, "recovered": pair.recovered}
     settled = []
     for finding_id, facts in pair.open_missing:
         reason = settle("missing_webhook", facts, row)

@@ -350,6 +350,7 @@ WITH pairs AS (
 )
 SELECT pairs.subject, pairs.ours, pairs.theirs, coalesce(p.amount, o.amount),
        coalesce(p.last_position, o.last_position), coalesce(p.outcome, o.outcome),
+       coalesce(p.recovered, o.recovered),
        EXISTS (SELECT 1 FROM hookledger_private.expectations e
                WHERE e.kind = pairs.subject AND e.reference = pairs.theirs),
        coalesce((SELECT jsonb_agg(jsonb_build_array(d.id, d.facts) ORDER BY d.id)
@@ -366,6 +367,11 @@ LEFT JOIN hookledger_private.payouts mo ON pairs.subject = 'payout' AND mo.refer
 WHERE coalesce(p.reference, o.reference) IS NOT NULL
   -- still the provider's record alone: a webhook of its own would make it a row like any
   AND coalesce(mp.recovered, mo.recovered)
+  -- and webhooks brought the provider's spelling: not a recovery of its own, nor a copy
+  -- kept unreadable
+  AND EXISTS (SELECT 1 FROM hookledger_private.ledger_events e
+              WHERE e.stream = pairs.subject || ':' || pairs.theirs
+                AND e.source <> 'reconciler' AND e.event_type = ANY(%s))
 ORDER BY 1, 2, 3
 """
 
@@ -374,13 +380,14 @@ async def recorded_twice(conn: Connection) -> list[RecordedTwice]:
     """Every recovered row filed under another spelling than the provider's, whose provider
     spelling has a row of its own (webhooks brought it). Recoveries are few (one per lost
     webhook), read by the ledger's event type index."""
-    cur = await conn.execute(RECORDED_TWICE_SQL)
+    cur = await conn.execute(RECORDED_TWICE_SQL, (FOLDED_WEBHOOKS,))
     return [RecordedTwice(str(subject), str(ours), str(theirs),
                           None if amount is None else Decimal(amount), int(position),
-                          None if outcome is None else str(outcome), bool(both_expected),
+                          None if outcome is None else str(outcome), bool(recovered),
+                          bool(both_expected),
                           tuple((str(i), facts or {}) for i, facts in missing))
-            for subject, ours, theirs, amount, position, outcome, both_expected, missing
-            in await cur.fetchall()]
+            for subject, ours, theirs, amount, position, outcome, recovered, both_expected,
+            missing in await cur.fetchall()]
 
 
 async def open_by_kind(conn: Connection) -> dict[str, int]:

@@ -164,3 +164,22 @@ def test_both_spellings_registered_is_told_as_possibly_two_and_resolves_nothing(
     assert not [r for r in (*first.resolved, *found.resolved)
                 if r["kind"] == "missing_webhook"]
     assert ("missing_webhook", "collection", "CASE-6", Decimal(100)) in discrepancies(db_url)
+
+
+def test_two_recoveries_and_no_webhook_are_not_counted_as_webhooks(db_url: str) -> None:
+    """Both spellings registered, no webhook for either, the provider answering both from
+    the record spelled case-7: two recovered rows, and no webhook anywhere. Told as
+    "webhooks have brought case-7", with CASE-7's finding closed as if one had arrived."""
+    state = CountingState()
+    for spelling in ("CASE-7", "case-7"):
+        state.put_record(spelling, body("payment.confirmed", 91000, reference="case-7",
+                                        amount=100))
+    expect(db_url, "CASE-7", "collection", 100)
+    expect(db_url, "case-7", "collection", 100)
+    with running_sandbox(state=state) as api:
+        first = reconcile(db_url, api.url)
+        assert sorted(first.recovered) == ["CASE-7", "case-7"]
+        again = reconcile(db_url, api.url, **NO_BACKOFF, recheck_limit=0)
+    assert not [d for d in (*first.detected, *again.detected) if d["kind"] == "recorded_twice"]
+    assert not [r for r in (*first.resolved, *again.resolved)
+                if r["kind"] == "missing_webhook"]
