@@ -41,9 +41,11 @@ def is_unstorable(error: BodyError) -> bool:
 
 def lenient_object(raw: bytes) -> dict[str, Any]:
     """What Python's own reader makes of the body (the last of duplicate keys wins), or
-    an empty object when even that fails: only used to find a reference to file it under."""
+    an empty object when even that fails: only used to find a reference to file it under.
+    One byte order mark before the object is passed over, as strict reading passes it."""
     try:
-        value = json.loads(raw.decode("utf-8"), parse_float=decimal_or_text, parse_int=_integer)
+        value = json.loads(raw.decode("utf-8").removeprefix("\ufeff"),
+                           parse_float=decimal_or_text, parse_int=_integer)
     except (ValueError, RecursionError):
         return {}
     return value if isinstance(value, dict) else {}
