@@ -41,13 +41,20 @@ def secret_masker(secrets: Iterable[str]) -> structlog.types.Processor:
                 text = text.replace(needle, MASK)
         return text
 
+    def masked_key(key: Any) -> Any:
+        """A key as it was (a tuple stays hashable), or its masked text if it holds one."""
+        if isinstance(key, str):
+            return masked_text(key)
+        text = str(key)
+        return masked_text(text) if any(n in text for n in needles) else key
+
     def masked(value: Any, depth: int = 0) -> Any:
         if value is None or isinstance(value, bool | int | float):
             return value
         if isinstance(value, str):
             return masked_text(value)
         if depth < 8 and isinstance(value, Mapping):
-            return {masked(k, depth + 1): masked(v, depth + 1) for k, v in value.items()}
+            return {masked_key(k): masked(v, depth + 1) for k, v in value.items()}
         if depth < 8 and isinstance(value, list | tuple | set | frozenset):
             return [masked(v, depth + 1) for v in value]
         text = (value.decode("utf-8", "replace") if isinstance(value, bytes | bytearray)

@@ -66,6 +66,14 @@ def test_the_masker_hides_a_secret_inside_any_value_a_line_renders(
     assert (line["count"], line["known"]) == (3, None)  # the rest as it was
 
 
+def test_the_masker_keeps_keys_a_mapping_can_hold() -> None:
+    """A tuple key became a list, which no dict can hold: the masker raised into the code
+    that was logging."""
+    mask = logs.secret_masker([SECRET])
+    event = mask(None, "info", {"d": {("a", "b"): 1, (SECRET, 2): 2, SECRET: 3, 4: 4}})
+    assert event["d"] == {("a", "b"): 1, str((logs.MASK, 2)): 2, logs.MASK: 3, 4: 4}
+
+
 def test_library_records_are_json_lines_and_masked_too(
         capsys: pytest.CaptureFixture[str]) -> None:
     """uvicorn's traceback of a failing request, say, goes through the same masker."""
