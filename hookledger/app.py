@@ -143,7 +143,7 @@ def create_app(settings: Settings, database_url: str, *,
                                         spool=spool, on_spooled=drainer.nudge,
                                         on_batch=metrics.batch_size.observe,
                                         stall_s=settings.append_stall_s,
-                                        queue_wait_s=settings.append_stall_s / 2)
+                                        queue_wait_s=settings.append_stall_s / 3)
             appender.start()
             stack.push_async_callback(appender.close)
             holder["runtime"] = Runtime(pool, store, appender, metrics, spool)
