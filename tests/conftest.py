@@ -8,9 +8,11 @@ database, and each test gets its own clone: real PostgreSQL, fast, isolated.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -34,9 +36,20 @@ def pytest_configure(config: pytest.Config) -> None:
     file run while the suite runs) cut the first one's servers off their data directories
     (PANIC, ``Permission denied``, every later test an error). ``--basetemp`` still wins."""
     if config.option.basetemp is None and not hasattr(config, "workerinput"):
+        _forget_old_sessions(Path(tempfile.gettempdir()))
         folder = Path(tempfile.mkdtemp(prefix="hl-tests-"))
         config.option.basetemp = str(folder)
         config.stash[OWN_BASETEMP] = folder
+
+
+def _forget_old_sessions(parent: Path, older_than_s: float = 3 * 86400) -> None:
+    """Folders that failed sessions kept, once untouched for three days (pytest's own
+    lock timeout): a running session adds a folder per test, so its own stays fresh."""
+    cutoff = time.time() - older_than_s
+    for old in parent.glob("hl-tests-*"):
+        with contextlib.suppress(OSError):
+            if old.is_dir() and not old.is_symlink() and old.stat().st_mtime < cutoff:
+                shutil.rmtree(old, ignore_errors=True)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
