@@ -190,6 +190,9 @@ class BatchingAppender:
             raise
         except Exception:
             log.exception("appender.spool_failed", events=len(waiting))
+        # one the spool could not encode was answered refused (its caller keeps it as
+        # unstorable): committed as well, it would be in the ledger twice
+        waiting = [item for item in waiting if not _answered(item[1])]
         now = asyncio.get_running_loop().time()
         self._queue[:0] = waiting
         self._arrived[:0] = [now] * len(waiting)
@@ -254,10 +257,14 @@ class BatchingAppender:
                       ) -> None:
         if asyncio.current_task() in self._detached:
             return  # held past stall_s and taken over: its callers are answered elsewhere
+        if self._spool is not None and self._spool.backlog:
+            if await self._to_spool(batch, refuse=False):
+                return  # spooled events not yet drained go first: keep arrival order
+            # (one the spool could not encode was answered refused: not committed too)
+            batch = [item for item in batch if not _answered(item[1])]
+            if not batch:
+                return
         events = [event for event, _ in batch]
-        if self._spool is not None and self._spool.backlog \
-                and await self._to_spool(batch, refuse=False):
-            return  # spooled events not yet drained go first: keep arrival order
         # (with the spool unable to take them, a full disk, the database takes them ahead
         # of the backlog: out of order, rather than answered 503 and never sent again)
         try:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
+from ingest import appender as appender_module
 from ingest.appender import BatchingAppender
 from ingest.spool import Spool, read_records
 from ingest.spool_drain import SpoolDrainer
@@ -349,3 +350,36 @@ async def test_an_overdue_queue_the_spool_cannot_take_goes_on_to_the_database(
     await appender.close()
     assert [a.spooled for a in answers] == [False] * 7
     assert await stored_keys(pool) == KEYS[:7]
+
+
+@pytest.mark.anyio
+async def test_an_event_answered_refused_by_the_spool_is_not_committed_as_well(
+        pool: AsyncConnectionPool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Behind a backlog, a batch goes to the spool first. One event the spool cannot encode
+    is answered refused (its caller then keeps the delivery as unstorable); when the disk
+    then refused the rest, the whole batch, that event included, went on to the database:
+    the same delivery in the ledger twice, under two keys."""
+    spool = Spool(tmp_path)
+    spool.write([EVENTS[0]])  # an outage's backlog, not drained yet
+    real_encode = appender_module.encode_event
+
+    def encode(event: NewEvent) -> bytes:
+        if event.dedupe_key == KEYS[1]:
+            raise ValueError("the spool cannot encode this one")
+        return real_encode(event)
+
+    def disk_full(events: Sequence[NewEvent]) -> None:
+        for event in events:
+            encode(event)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(appender_module, "encode_event", encode)
+    monkeypatch.setattr(spool, "write", disk_full)
+    appender = BatchingAppender(LedgerStore(pool).append, spool=spool, max_wait_s=0.05)
+    appender.start()
+    done = await asyncio.gather(*(appender.append(e) for e in EVENTS[1:3]),
+                                return_exceptions=True)
+    await appender.close()
+    assert isinstance(done[0], LedgerError) and not isinstance(done[0], LedgerUnavailable)
+    assert isinstance(done[1], AppendResult) and not done[1].spooled
+    assert await stored_keys(pool) == [KEYS[2]]
