@@ -42,11 +42,12 @@ def secret_masker(secrets: Iterable[str]) -> structlog.types.Processor:
         return text
 
     def masked_key(key: Any) -> Any:
-        """A key as it was (a tuple stays hashable), or its masked text if it holds one."""
-        if isinstance(key, str):
-            return masked_text(key)
-        text = str(key)
-        return masked_text(text) if any(n in text for n in needles) else key
+        """A key as a renderer can write it: text masked, a number, boolean or None as it
+        was, anything else (a tuple) as its masked text. Made a list, a tuple key raised
+        in the masker; kept a tuple, it raised in the JSON renderer."""
+        if key is None or isinstance(key, bool | int | float):
+            return key
+        return masked_text(key if isinstance(key, str) else str(key))
 
     def masked(value: Any, depth: int = 0) -> Any:
         if value is None or isinstance(value, bool | int | float):
