@@ -14,9 +14,10 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import httpx
+from psycopg.conninfo import conninfo_to_dict
 
 from tests.chat_events import PHONE, inbound
 from tests.chat_events import encode as chat_encode
@@ -77,13 +78,22 @@ class FreezableProxy:
 
 @contextlib.contextmanager
 def proxied(db_url: str) -> Iterator[tuple[str, FreezableProxy]]:
+    """``db_url`` through a :class:`FreezableProxy`: the same user, password, database and
+    other parameters, only the server's address swapped for the proxy's."""
+    params = conninfo_to_dict(db_url)
+    host, port = str(params.get("host") or ""), int(params.get("port") or 5432)
+    if host.startswith("/") or not host:  # a Unix socket (the embedded server's)
+        folder = host or next((d for d in ("/var/run/postgresql", "/tmp")
+                               if Path(d, f".s.PGSQL.{port}").exists()), "/tmp")
+        proxy = FreezableProxy(f"{folder}/.s.PGSQL.{port}")
+    else:  # a server at HOOKLEDGER_TEST_DATABASE_URL, over TCP
+        proxy = FreezableProxy(None, (host, port))
     parts = urlsplit(db_url)
-    query = parse_qs(parts.query)
-    if "host" in query:  # the embedded server: its Unix socket
-        proxy = FreezableProxy(f"{query['host'][0]}/.s.PGSQL.{query['port'][0]}")
-    else:  # a server at HOOKLEDGER_TEST_DATABASE_URL
-        proxy = FreezableProxy(None, (parts.hostname or "127.0.0.1", parts.port or 5432))
-    yield f"postgresql://{parts.username or 'postgres'}@127.0.0.1:{proxy.port}{parts.path}", proxy
+    userinfo = parts.netloc.rpartition("@")[0]
+    query = urlencode([(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True)
+                       if k not in ("host", "port")])
+    netloc = f"{userinfo}@127.0.0.1:{proxy.port}" if userinfo else f"127.0.0.1:{proxy.port}"
+    yield urlunsplit((parts.scheme, netloc, parts.path, query, "")), proxy
 
 
 def post(base: str, reference: str) -> tuple[int, dict[str, object], float]:
