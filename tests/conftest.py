@@ -52,6 +52,14 @@ def _forget_old_sessions(parent: Path, older_than_s: float = 3 * 86400) -> None:
                 shutil.rmtree(old, ignore_errors=True)
 
 
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """``--help`` and the like configure but run no session: their folder is empty."""
+    folder = config.stash.get(OWN_BASETEMP, None)
+    if folder is not None:
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # only when empty
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """The folder goes once the session passed; after a failure it is kept to look at
     (the embedded servers' ``server.log`` among it)."""
