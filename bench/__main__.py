@@ -21,6 +21,7 @@ from bench.common import RESULTS, machine
 from bench.disk_probe import described
 from bench.machine_cpu import described as machine_described
 from bench.machine_cpu import parts_described
+from bench.speed_probe import described as speed_described
 from bench.wakeup_probe import described as wakeup_described
 
 FULL: dict[str, list[str]] = {
@@ -79,6 +80,9 @@ def table(results: dict[str, Any]) -> list[Row]:
     if "wakeup" in ingest.get("machine", {}):  # the machine's wake-up cost (wakeup_probe.py)
         rows.append(("machine: one process waking another, round trip",
                      wakeup_described(ingest["machine"]["wakeup"]), "", ""))
+    if "speed" in ingest.get("machine", {}):  # against the machine (speed_probe.py)
+        rows.append(("machine: the issue's yardsticks",
+                     speed_described(ingest["machine"]["speed"]), "", ""))
     for load in ingest.get("loads", []):
         rows.append((f"{load['label']}: req/s, p50/p99 ms",
                      f"{load['req_per_s']:,}, {load['p50_ms']}/{load['p99_ms']}",

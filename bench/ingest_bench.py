@@ -66,6 +66,7 @@ from bench.bare_endpoint import TABLE_DDL
 from bench.checkpoints import checkpoint, checkpoint_activity
 from bench.checkpoints import described as checkpoints_described
 from bench.common import fresh_database, sibling_database
+from bench.deliveries import delivery
 from bench.disk_probe import DiskFigures, DiskProbe, described
 from bench.loadgen import collector_paused, percentile, post_request, run
 from bench.machine_cpu import MachineCpu, MachineFigures, parts_described
@@ -77,21 +78,6 @@ SECRET = "bench-secret"
 PATH = "/webhooks/general/main"
 LUA = Path(__file__).with_name("wrk_presigned.lua")
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def delivery(tag: str, i: int) -> bytes:
-    """A distinct, realistic collection webhook of about 1 KB."""
-    return json.dumps({
-        "timestamp": "20261122083000", "reference": f"{tag}-{i:09d}",
-        "customerReference": f"order-{i}", "amount": 1000 + i % 97_000, "type": "CHARGE",
-        "merchantAccountId": "merchant-account-0001", "status": "SUCCESSFUL",
-        "customer": {"firstname": "Asha", "lastname": "Mushi",
-                     "phoneNumber": "255712345678", "mno": "Operator"},
-        "transactionId": f"TX{i:012d}", "event": "payment.confirmed",
-        "service": "Collection", "code": 91000,
-        "message": "Payment received for order " + "x" * 300,
-        "narration": "Goods and services, order lines " + "y" * 240,
-    }, separators=(",", ":")).encode()
 
 
 def signature(raw: bytes) -> str:

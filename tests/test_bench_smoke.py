@@ -33,6 +33,9 @@ def test_every_benchmark_runs_at_smoke_size_and_counts_what_it_acknowledged(
         assert summary["machine"]["wakeup"]["across_cores_us"] > 0
         assert any(row[0].startswith("machine: one process waking another")
                    for row in summary["rows"])
+    # the yardsticks (HMAC and orjson of 1 KB), beside the figures
+    assert summary["machine"]["speed"]["hmac_sha256_1kb_us"] > 0
+    assert any(row[0] == "machine: the issue's yardsticks" for row in summary["rows"])
     assert all(len(row) == 4 for row in summary["rows"])  # figure, measured, goal, verdict
 
     ingest = results["ingest"]
