@@ -36,8 +36,8 @@ from pathlib import Path
 import psycopg
 
 from bench.common import fresh_database
+from bench.deliveries import delivery
 from bench.ingest_bench import (
-    delivery,
     hookledger,
     python_load,
     write_presigned,
