@@ -129,6 +129,22 @@ def main() -> None:
         signal.signal(signal.SIGTERM, _exit_on_signal)  # serve and project have their own
 
 
+def _warn_of_collation(url: str) -> None:
+    """One warning at start when the database's collation puts the dedupe index at risk
+    (:mod:`hookledger.collation`); the command goes on all the same, and a check that
+    cannot be made is no reason to stop either."""
+    import psycopg
+
+    from hookledger.collation import database_collation_concern
+
+    try:
+        concern = database_collation_concern(url)
+    except psycopg.Error:
+        return
+    if concern:
+        log.warning("database.collation_not_c", reason=concern)
+
+
 @main.command()
 def serve() -> None:
     """Migrate, then receive webhooks until SIGINT/SIGTERM (graceful, exits 0)."""
@@ -145,6 +161,7 @@ def serve() -> None:
     try:
         with database(settings) as url:
             migrate.upgrade(url)
+            _warn_of_collation(url)
             _serve_workers(settings, url, started)
     except EmbeddedPostgresError as exc:
         _fail(str(exc))
@@ -236,6 +253,7 @@ def project() -> None:
     try:
         with database(settings) as url:
             migrate.upgrade(url)
+            _warn_of_collation(url)
             projector = live_projector(settings, url)
             with tuned_for_serving():  # as serve's projector thread runs
                 asyncio.run(signals.run(projector))
@@ -282,6 +300,7 @@ def migrate_command() -> None:
     try:
         with database(settings) as url:
             migrate.upgrade(url)
+            _warn_of_collation(url)
     except EmbeddedPostgresError as exc:
         _fail(str(exc))
     click.echo("migrations applied")

@@ -1,0 +1,104 @@
+"""The database's collation: the dedupe index is only as sound as the order it compares by."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from click.testing import CliRunner
+
+from hookledger.cli import main
+from hookledger.collation import collation_concern, database_collation_concern
+from tests.dbutil import drop_database, unique_name, with_database
+
+
+@pytest.mark.parametrize(("collate", "provider", "locale", "concern"), [
+    ("C", None, None, False),                  # PostgreSQL 13 and 14 name no provider
+    ("POSIX", None, None, False),
+    ("C", "c", None, False),
+    ("en_US.UTF-8", "c", None, True),
+    ("en_US.UTF-8", None, None, True),
+    ("C.UTF-8", "c", None, True),              # still the C library's strcoll
+    ("C", "i", "en-US", True),                 # ICU's order, whatever datcollate says
+    ("en_US.UTF-8", "b", "C.UTF-8", False),    # builtin: code points, no library
+])
+def test_only_a_bytewise_collation_is_free_of_concern(
+        collate: str, provider: str | None, locale: str | None, concern: bool) -> None:
+    found = collation_concern(collate, provider, locale)
+    assert (found is not None) is concern
+    if found is not None:
+        assert repr(locale if provider == "i" else collate) in found
+        assert "LOCALE 'C'" in found
+
+
+def test_an_icu_database_is_named_by_its_icu_locale() -> None:
+    found = collation_concern("C", "i", "de-DE")
+    assert found is not None and "'de-DE' (ICU's locale)" in found
+
+
+def _database_with_locale(admin_url: str, name: str) -> str | None:
+    """A new database with the first of the locales below the server accepts; None when it
+    accepts none of them (a server whose operating system has no such locale)."""
+    for locale in ("C.UTF-8", "C.utf8", "en_US.UTF-8", "en_US.utf8"):
+        try:
+            with psycopg.connect(admin_url, autocommit=True) as conn:
+                conn.execute(f"CREATE DATABASE \"{name}\" TEMPLATE template0 "
+                             f"LOCALE '{locale}' ENCODING 'UTF8'")
+        except psycopg.Error:
+            continue
+        return locale
+    return None
+
+
+@pytest.fixture
+def locale_db(pg_admin_url: str) -> Iterator[tuple[str, str]]:
+    name = unique_name("hookledger_locale")
+    locale = _database_with_locale(pg_admin_url, name)
+    if locale is None:
+        pytest.skip("the test server accepts none of the locale collations tried")
+    try:
+        yield with_database(pg_admin_url, name), locale
+    finally:
+        drop_database(pg_admin_url, name)
+
+
+@pytest.fixture
+def c_db(pg_admin_url: str) -> Iterator[str]:
+    name = unique_name("hookledger_c")
+    with psycopg.connect(pg_admin_url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE \"{name}\" TEMPLATE template0 LOCALE 'C' "
+                     "ENCODING 'UTF8'")
+    try:
+        yield with_database(pg_admin_url, name)
+    finally:
+        drop_database(pg_admin_url, name)
+
+
+def _migrate(url: str, home: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("HOOKLEDGER_DATABASE_URL", url)
+    monkeypatch.setenv("HOOKLEDGER_HOME", str(home))
+    result = CliRunner().invoke(main, ["migrate"])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_migrate_warns_of_a_locale_collation_and_still_migrates(
+        locale_db: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    url, locale = locale_db
+    assert database_collation_concern(url) is not None
+    output = _migrate(url, tmp_path, monkeypatch)
+    assert "database.collation_not_c" in output
+    assert repr(locale) in output
+    assert "migrations applied" in output
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT count(*) FROM hookledger.ledger").fetchone() == (0,)
+
+
+def test_migrate_says_nothing_of_a_c_database(
+        c_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert database_collation_concern(c_db) is None
+    output = _migrate(c_db, tmp_path, monkeypatch)
+    assert "collation" not in output
+    assert "migrations applied" in output
