@@ -45,7 +45,8 @@ def collation_concern(collate: str, provider: str | None, locale: str | None) ->
             "every dedupe-key comparison follows that locale, and an upgrade that changes "
             "its order can leave the unique index on dedupe_key inconsistent, so that a "
             "repeated delivery is appended twice. Create the database with LOCALE 'C' "
-            "(README, 'Running on your own PostgreSQL'); after such an upgrade, REINDEX it")
+            "(README, 'Running on your own PostgreSQL'); after such an upgrade, REINDEX the "
+            "database before serving")
 
 
 def database_collation_concern(url: str) -> str | None:

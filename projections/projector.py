@@ -140,8 +140,9 @@ def json_dumps(value: Any) -> bytes:
 @dataclass(frozen=True, slots=True)
 class Statements:
     """One projection's statements in one schema, spelled once: composing them and naming
-    the COPY's column types cost about 0.1 ms of Python per batch (measured), paid again on
-    every batch of the live projector, whose batches under load hold a few hundred events."""
+    the COPY's column types cost 0.1-0.15 ms of Python per projection and batch (measured),
+    paid again on every batch of the live projector, whose batches under load hold a few
+    hundred events."""
 
     load: str
     copy_fresh: str
