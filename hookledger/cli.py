@@ -129,14 +129,16 @@ def main() -> None:
         signal.signal(signal.SIGTERM, _exit_on_signal)  # serve and project have their own
 
 
-def _warn_of_collation(url: str) -> None:
-    """One warning at start when the database's collation puts the dedupe index at risk
-    (:mod:`hookledger.collation`); the command goes on all the same, and a check that
-    cannot be made is no reason to stop either."""
+def _migrate_and_check(url: str) -> None:
+    """Apply migrations, then warn once when the database's collation puts the dedupe
+    index at risk (:mod:`hookledger.collation`): what every long-running command and
+    ``migrate`` do first. The command goes on all the same, and a check that cannot be
+    made is no reason to stop either."""
     import psycopg
 
     from hookledger.collation import database_collation_concern
 
+    migrate.upgrade(url)
     try:
         concern = database_collation_concern(url)
     except psycopg.Error:
@@ -160,8 +162,7 @@ def serve() -> None:
         signal.signal(signum, _exit_cleanly)
     try:
         with database(settings) as url:
-            migrate.upgrade(url)
-            _warn_of_collation(url)
+            _migrate_and_check(url)
             _serve_workers(settings, url, started)
     except EmbeddedPostgresError as exc:
         _fail(str(exc))
@@ -252,8 +253,7 @@ def project() -> None:
         signal.signal(signum, signals.handle)
     try:
         with database(settings) as url:
-            migrate.upgrade(url)
-            _warn_of_collation(url)
+            _migrate_and_check(url)
             projector = live_projector(settings, url)
             with tuned_for_serving():  # as serve's projector thread runs
                 asyncio.run(signals.run(projector))
@@ -299,8 +299,7 @@ def migrate_command() -> None:
     configure_logging(settings)
     try:
         with database(settings) as url:
-            migrate.upgrade(url)
-            _warn_of_collation(url)
+            _migrate_and_check(url)
     except EmbeddedPostgresError as exc:
         _fail(str(exc))
     click.echo("migrations applied")

@@ -151,6 +151,7 @@ class Statements:
     upsert: str
     truncate_stage: str
     column_types: tuple[str, ...]
+    json_positions: tuple[int, ...]  # the columns written as jsonb
 
 
 @cache
@@ -178,7 +179,8 @@ def statements(schema: str, projection: Projection) -> Statements:
                            updates=updates).as_string(),
         truncate_stage=sql.SQL("TRUNCATE {}").format(stage).as_string(),
         column_types=tuple(table.c[name].type.compile(dialect=dialect).lower()
-                           for name in columns))
+                           for name in columns),
+        json_positions=tuple(i for i, c in enumerate(columns) if c in projection.json_columns))
 
 
 async def load_rows(conn: Connection, schema: str, projection: Projection,
@@ -200,13 +202,12 @@ async def store_rows(conn: Connection, schema: str, projection: Projection,
     spelled = statements(schema, projection)
     if not fresh:
         await conn.execute(spelled.stage)
-    json_positions = [i for i, c in enumerate(columns) if c in projection.json_columns]
     async with conn.cursor() as cur:
         async with cur.copy(spelled.copy_fresh if fresh else spelled.copy_staged) as copy:
-            copy.set_types(list(spelled.column_types))
+            copy.set_types(spelled.column_types)
             for row in rows:
                 values = list(map(row.get, columns))
-                for i in json_positions:
+                for i in spelled.json_positions:
                     if values[i] is not None:
                         values[i] = Jsonb(values[i])
                 await copy.write_row(values)

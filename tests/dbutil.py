@@ -13,9 +13,15 @@ def with_database(url: str, name: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))
 
 
-def create_database(admin_url: str, name: str, template: str | None = None) -> str:
+def create_database(admin_url: str, name: str, template: str | None = None,
+                    locale: str | None = None) -> str:
+    """A new database, a copy of ``template`` if given; with ``locale``, one of that locale
+    made from ``template0`` (the only template a locale other than its own may come from)."""
     with psycopg.connect(admin_url, autocommit=True) as conn:
-        if template:
+        if locale:
+            conn.execute(f"CREATE DATABASE \"{name}\" TEMPLATE template0 LOCALE '{locale}' "
+                         "ENCODING 'UTF8'")
+        elif template:
             conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
         else:
             conn.execute(f'CREATE DATABASE "{name}"')

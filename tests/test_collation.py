@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from hookledger.cli import main
 from hookledger.collation import collation_concern, database_collation_concern
-from tests.dbutil import drop_database, unique_name, with_database
+from tests.dbutil import create_database, drop_database, unique_name, with_database
 
 
 @pytest.mark.parametrize(("collate", "provider", "locale", "concern"), [
@@ -43,9 +43,7 @@ def _database_with_locale(admin_url: str, name: str) -> str | None:
     accepts none of them (a server whose operating system has no such locale)."""
     for locale in ("C.UTF-8", "C.utf8", "en_US.UTF-8", "en_US.utf8"):
         try:
-            with psycopg.connect(admin_url, autocommit=True) as conn:
-                conn.execute(f"CREATE DATABASE \"{name}\" TEMPLATE template0 "
-                             f"LOCALE '{locale}' ENCODING 'UTF8'")
+            create_database(admin_url, name, locale=locale)
         except psycopg.Error:
             continue
         return locale
@@ -67,11 +65,9 @@ def locale_db(pg_admin_url: str) -> Iterator[tuple[str, str]]:
 @pytest.fixture
 def c_db(pg_admin_url: str) -> Iterator[str]:
     name = unique_name("hookledger_c")
-    with psycopg.connect(pg_admin_url, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE \"{name}\" TEMPLATE template0 LOCALE 'C' "
-                     "ENCODING 'UTF8'")
+    url = create_database(pg_admin_url, name, locale="C")
     try:
-        yield with_database(pg_admin_url, name)
+        yield url
     finally:
         drop_database(pg_admin_url, name)
 
