@@ -69,7 +69,7 @@ def app_from_environment() -> WebhookFastPath:
     supervisor = os.environ.get(SUPERVISOR_PID_VARIABLE)
     end_with_supervisor(int(supervisor) if supervisor else None)
     settings = load_settings()
-    configure_logging(settings)
+    configure_logging(settings, warn=False)
     if settings.database_url is None:
         raise RuntimeError("a worker needs HOOKLEDGER_DATABASE_URL from its supervisor")
     # the supervisor runs the projector, under the name it handed down

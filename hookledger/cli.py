@@ -62,11 +62,16 @@ def load_settings(**overrides: Any) -> Settings:
         _fail(f"bad configuration:\n  hookledger.toml: {exc}")
 
 
-def configure_logging(settings: Settings) -> None:
+def configure_logging(settings: Settings, *, warn: bool = True) -> None:
+    """Logging for a command (or, ``warn`` off, for a worker ``serve`` started: the
+    supervisor has said at start what is worth a warning)."""
     secrets = settings.secret_values()
     # the libraries' own records at WARNING and above: their INFO is noise beside ours
     logs.route_stdlib(fmt=settings.log_format, level="warning", secrets=secrets)
     logs.configure(fmt=settings.log_format, level=settings.log_level, secrets=secrets)
+    if warn and (short := settings.secrets_shorter_than(logs.MIN_MASKED)):
+        # a last-line masking of so short a string would mangle every line; say so instead
+        log.warning("secrets.too_short_to_mask", where=short, shortest_masked=logs.MIN_MASKED)
 
 
 def _exit_on_signal(signum: int, _frame: object) -> None:

@@ -17,6 +17,9 @@ from typing import Any
 import structlog
 
 MASK = "[redacted]"
+# A secret shorter than this is not masked: replacing every "ab" would mangle every line.
+# ``serve`` and the other commands warn at start about a configured one (cli).
+MIN_MASKED = 4
 
 
 class _CurrentStderr:
@@ -33,7 +36,7 @@ def secret_masker(secrets: Iterable[str]) -> structlog.types.Processor:
     """Mask every configured secret in every value a line renders: text, and text inside
     mappings, sequences, bytes and any other object (by the text it renders as), since the
     renderer writes those too. Numbers, booleans and None pass as they are."""
-    needles = sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True)
+    needles = sorted({s for s in secrets if len(s) >= MIN_MASKED}, key=len, reverse=True)
 
     def masked_text(text: str) -> str:
         for needle in needles:

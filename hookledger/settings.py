@@ -273,6 +273,21 @@ class Settings(BaseSettings):
         values += [s.get_secret_value() for s in (self.api_key, self.admin_token) if s]
         return values
 
+    def secrets_shorter_than(self, length: int) -> list[str]:
+        """Where each configured secret shorter than ``length`` is set (the variable, and
+        the name or number it belongs to), never the secret: what the log masker cannot
+        mask, which an operator should hear about at start."""
+        places = [f"HOOKLEDGER_GENERAL_SECRETS {name}"
+                  for name, secret in self.general_secrets.items()
+                  if len(secret.get_secret_value()) < length]
+        places += [f"HOOKLEDGER_CHAT_SECRETS {number}"
+                   for number, secret in self.chat_secrets.items()
+                   if len(secret.get_secret_value()) < length]
+        places += [variable for variable, secret in (("HOOKLEDGER_API_KEY", self.api_key),
+                                                     ("HOOKLEDGER_ADMIN_TOKEN", self.admin_token))
+                   if secret and len(secret.get_secret_value()) < length]
+        return places
+
     @property
     def zone(self) -> ZoneInfo:
         return ZoneInfo(self.provider_timezone)

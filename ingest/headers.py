@@ -27,6 +27,7 @@ MASK = "[redacted]"
 def mask_needles(secrets: Sequence[bytes]) -> tuple[str, ...]:
     """The texts :func:`mask_text` and :func:`masked` look for: worked out once by a caller
     that masks on every request."""
+    # as short as hookledger.logs.MIN_MASKED and no shorter (the commands warn about those)
     return tuple(secret.decode("utf-8", "replace") for secret in secrets if len(secret) >= 4)
 
 

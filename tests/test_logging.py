@@ -141,3 +141,36 @@ def test_each_line_is_one_write_so_threads_cannot_split_it(
         structlog.reset_defaults()
     assert [json.loads(call)["event"] for call in stderr.calls] == ["ours", "theirs"]
     assert all(call.endswith("\n") and call.count("\n") == 1 for call in stderr.calls)
+
+
+def test_a_secret_too_short_to_mask_is_named_at_start_and_never_shown(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from hookledger.cli import configure_logging
+    from hookledger.settings import Settings
+
+    settings = Settings(general_secrets="short=xyz,long=a-secret-long-enough",
+                        chat_secrets="2557000000=ab", api_key="k9", admin_token="t" * 32,
+                        log_format="json")
+    try:
+        configure_logging(settings)
+    finally:
+        structlog.reset_defaults()
+    err = capsys.readouterr().err
+    warned = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    warned = [line for line in warned if line["event"] == "secrets.too_short_to_mask"]
+    assert len(warned) == 1
+    assert warned[0]["where"] == ["HOOKLEDGER_GENERAL_SECRETS short",
+                                  "HOOKLEDGER_CHAT_SECRETS 2557000000", "HOOKLEDGER_API_KEY"]
+    assert "xyz" not in err and '"k9"' not in err
+
+
+def test_long_enough_secrets_start_without_a_warning(capsys: pytest.CaptureFixture[str]) -> None:
+    from hookledger.cli import configure_logging
+    from hookledger.settings import Settings
+
+    settings = Settings(general_secrets="main=abcd", api_key="an-api-key", log_format="json")
+    try:
+        configure_logging(settings)
+    finally:
+        structlog.reset_defaults()
+    assert "secrets.too_short_to_mask" not in capsys.readouterr().err
