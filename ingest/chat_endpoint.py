@@ -114,15 +114,16 @@ class ChatEndpoint:
         if not secrets:
             return await self._refuse(
                 refusal(401, "unknown_phone_number", None, body, len(body), False))
-        if encoding not in ("identity", ""):
-            return await self._refuse(refusal(415, "unsupported_content_encoding",
-                                              encoding[:64], body, len(body), False))
         try:
             label = chat_signature.verify(
                 body, request.headers.get(SIGNATURE_HEADER), secrets,
                 now=received_at.timestamp(), tolerance_s=self._tolerance_s)
         except chat_signature.ChatSignatureError as exc:
             return await self._refuse(refusal(401, exc.reason, None, body, len(body), False))
+        # after the signature, as for general deliveries (see there)
+        if encoding not in ("identity", ""):
+            return await self._refuse(refusal(415, "unsupported_content_encoding",
+                                              encoding[:64], body, len(body), True))
 
         raw_delivery_id = request.headers.get(DELIVERY_ID_HEADER)
         meta = DeliveryMeta(

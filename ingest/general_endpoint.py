@@ -93,13 +93,15 @@ class GeneralEndpoint:
         if secret is None:
             return await self._refuse(
                 refusal(401, "unknown_endpoint", None, body, len(body), False))
-        if encoding not in ("identity", ""):
-            return await self._refuse(refusal(415, "unsupported_content_encoding",
-                                              encoding[:64], body, len(body), False))
         try:
             general_signature.verify(body, request.headers.get(SIGNATURE_HEADER), secret)
         except general_signature.GeneralSignatureError as exc:
             return await self._refuse(refusal(401, exc.reason, None, body, len(body), False))
+        # after the signature (over the bytes as sent): a forged body hears 401 whatever
+        # its encoding, as the contract has it; an authentic one we cannot read, 415
+        if encoding not in ("identity", ""):
+            return await self._refuse(refusal(415, "unsupported_content_encoding",
+                                              encoding[:64], body, len(body), True))
 
         try:
             parsed, text = parse_object(body)

@@ -244,6 +244,8 @@ def test_after_a_rotation_the_new_secret_verifies_at_once_and_the_old_one_still(
     (PHONE, {}, b"not json", SECRETS[PHONE], 400, "invalid_json"),
     (PHONE, {"content-encoding": "gzip"}, encode(inbound()), SECRETS[PHONE], 415,
      "unsupported_content_encoding"),
+    (PHONE, {"content-encoding": "gzip"}, encode(inbound()), "some-other-secret", 401,
+     "bad_signature"),
     (PHONE, {}, b'{"pad":"' + b"x" * 70_000 + b'"}', SECRETS[PHONE], 413, "body_too_large"),
 ])
 def test_refusals_are_answered_and_recorded_with_their_reason(
@@ -257,7 +259,7 @@ def test_refusals_are_answered_and_recorded_with_their_reason(
         db_url, "SELECT endpoint, reason, verified, http_status "
                 "FROM hookledger.rejected_deliveries")
     assert (endpoint, got, http_status) == (f"chat/{phone}", reason, status)
-    assert verified is (status == 400)
+    assert verified is (status in (400, 415))
 
 
 def test_a_known_type_with_unreadable_fields_is_kept_flagged_and_reported(

@@ -219,6 +219,18 @@ def test_a_gzip_body_is_415_even_when_signed(service: str, db_url: str) -> None:
                   headers={"content-encoding": "gzip"})
     assert answer.status_code == 415
     assert rows(db_url, "SELECT count(*) FROM hookledger.ledger") == [(0,)]
+    assert rows(db_url, "SELECT reason, verified FROM hookledger.rejected_deliveries") == [
+        ("unsupported_content_encoding", True)]
+
+
+def test_a_gzip_body_with_a_wrong_signature_is_401(service: str, db_url: str) -> None:
+    """The contract answers a wrong signature 401, whatever else is wrong with the body."""
+    raw = gzip.compress(encode(GOOD))
+    answer = post(service, "primary", raw, secret="not-the-primary-secret",
+                  headers={"content-encoding": "gzip"})
+    assert answer.status_code == 401
+    assert answer.json()["reason"] == "bad_signature"
+    assert rows(db_url, "SELECT count(*) FROM hookledger.ledger") == [(0,)]
 
 
 @pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded"])
