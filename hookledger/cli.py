@@ -20,6 +20,7 @@ from hookledger import logs, migrate
 from hookledger.database import database, libpq_url, without_password
 from hookledger.embedded_postgres import EmbeddedPostgres, EmbeddedPostgresError
 from hookledger.settings import Settings, unknown_variables
+from ingest.headers import MIN_MASKED
 
 if TYPE_CHECKING:
     from projections.live import LiveProjector
@@ -69,9 +70,9 @@ def configure_logging(settings: Settings, *, warn: bool = True) -> None:
     # the libraries' own records at WARNING and above: their INFO is noise beside ours
     logs.route_stdlib(fmt=settings.log_format, level="warning", secrets=secrets)
     logs.configure(fmt=settings.log_format, level=settings.log_level, secrets=secrets)
-    if warn and (short := settings.secrets_shorter_than(logs.MIN_MASKED)):
+    if warn and (short := settings.secrets_shorter_than(MIN_MASKED)):
         # a last-line masking of so short a string would mangle every line; say so instead
-        log.warning("secrets.too_short_to_mask", where=short, shortest_masked=logs.MIN_MASKED)
+        log.warning("secrets.too_short_to_mask", where=short, shortest_masked=MIN_MASKED)
 
 
 def _exit_on_signal(signum: int, _frame: object) -> None:

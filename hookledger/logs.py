@@ -16,10 +16,9 @@ from typing import Any
 
 import structlog
 
+from ingest.headers import MIN_MASKED
+
 MASK = "[redacted]"
-# A secret shorter than this is not masked: replacing every "ab" would mangle every line.
-# ``serve`` and the other commands warn at start about a configured one (cli).
-MIN_MASKED = 4
 
 
 class _CurrentStderr:

@@ -265,28 +265,27 @@ class Settings(BaseSettings):
                              "such as https://api.example.com")
         return value
 
-    def secret_values(self) -> list[str]:
+    def _secrets_by_place(self) -> list[tuple[str, str]]:
         """Every secret this process was given (both systems', the API key, the admin
-        token): what logs and refusals must never show."""
-        values = [s.get_secret_value() for s in self.general_secrets.values()]
-        values += [s.get_secret_value() for s in self.chat_secrets.values()]
-        values += [s.get_secret_value() for s in (self.api_key, self.admin_token) if s]
-        return values
+        token), each beside where it is set: the variable, and the name or number."""
+        places = [(f"HOOKLEDGER_GENERAL_SECRETS {name}", secret.get_secret_value())
+                  for name, secret in self.general_secrets.items()]
+        places += [(f"HOOKLEDGER_CHAT_SECRETS {number}", secret.get_secret_value())
+                   for number, secret in self.chat_secrets.items()]
+        places += [(variable, secret.get_secret_value())
+                   for variable, secret in (("HOOKLEDGER_API_KEY", self.api_key),
+                                            ("HOOKLEDGER_ADMIN_TOKEN", self.admin_token))
+                   if secret]
+        return places
+
+    def secret_values(self) -> list[str]:
+        """Every secret this process was given: what logs and refusals must never show."""
+        return [value for _, value in self._secrets_by_place()]
 
     def secrets_shorter_than(self, length: int) -> list[str]:
-        """Where each configured secret shorter than ``length`` is set (the variable, and
-        the name or number it belongs to), never the secret: what the log masker cannot
-        mask, which an operator should hear about at start."""
-        places = [f"HOOKLEDGER_GENERAL_SECRETS {name}"
-                  for name, secret in self.general_secrets.items()
-                  if len(secret.get_secret_value()) < length]
-        places += [f"HOOKLEDGER_CHAT_SECRETS {number}"
-                   for number, secret in self.chat_secrets.items()
-                   if len(secret.get_secret_value()) < length]
-        places += [variable for variable, secret in (("HOOKLEDGER_API_KEY", self.api_key),
-                                                     ("HOOKLEDGER_ADMIN_TOKEN", self.admin_token))
-                   if secret and len(secret.get_secret_value()) < length]
-        return places
+        """Where each configured secret shorter than ``length`` is set, never the secret:
+        what the log masker cannot mask, which an operator should hear about at start."""
+        return [place for place, value in self._secrets_by_place() if len(value) < length]
 
     @property
     def zone(self) -> ZoneInfo:

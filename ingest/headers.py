@@ -22,13 +22,16 @@ def safe_headers(items: Iterable[tuple[str, str]]) -> dict[str, str]:
 
 
 MASK = "[redacted]"
+# A secret shorter than this is not masked, here or in logs (hookledger.logs): replacing
+# every "ab" would mangle every line. The commands warn at start about a configured one.
+MIN_MASKED = 4
 
 
 def mask_needles(secrets: Sequence[bytes]) -> tuple[str, ...]:
     """The texts :func:`mask_text` and :func:`masked` look for: worked out once by a caller
     that masks on every request."""
-    # as short as hookledger.logs.MIN_MASKED and no shorter (the commands warn about those)
-    return tuple(secret.decode("utf-8", "replace") for secret in secrets if len(secret) >= 4)
+    return tuple(secret.decode("utf-8", "replace") for secret in secrets
+                 if len(secret) >= MIN_MASKED)
 
 
 def mask_text(text: str, needles: Sequence[str]) -> str:
