@@ -117,6 +117,15 @@ class _Retryable(Exception):
         self.reason, self.detail, self.wait_s, self.api_code = reason, detail, wait_s, api_code
 
 
+def path_segment(reference: str) -> str:
+    """``reference`` as one path segment. ``quote`` leaves dots alone, so a reference of
+    ``.`` or ``..`` was a dot segment, which the URL's normalisation removes: ``..`` asked
+    ``/api/v1/payment`` and read its answer as that payment's. Written ``%2E`` they stay a
+    name (RFC 3986, 3.3)."""
+    segment = quote(reference, safe="")
+    return segment.replace(".", "%2E") if segment in (".", "..") else segment
+
+
 class ReferenceClient:
     """Async client for the reference API; use as ``async with ReferenceClient(...)``."""
 
@@ -211,7 +220,7 @@ class ReferenceClient:
                       lookup.detail, lookup.api_code, attempt, time.perf_counter() - started)
 
     async def _once(self, reference: str) -> Lookup:
-        path = REFERENCE_PATH.format(reference=quote(reference, safe=""))
+        path = REFERENCE_PATH.format(reference=path_segment(reference))
         self.requests += 1
         try:
             async with asyncio.timeout(self._deadline_s):  # httpx's bound each read only

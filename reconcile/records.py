@@ -200,7 +200,9 @@ class RecordMapping:
         return cls({**DEFAULT_PATHS, **(overrides or {})})
 
     def read(self, data: Mapping[str, Any], reference: str) -> ProviderRecord:
-        """Map ``data``; a wrong type is a :class:`MappingError`, a missing field None."""
+        """Map ``data``; a wrong type is a :class:`MappingError`, a missing field None,
+        and a record with none of the fields that say a state a :class:`MappingError` too
+        (unknown is not pending)."""
         def text(name: str) -> str | None:
             value = dig(data, self.paths[name])
             if value is None:
@@ -235,16 +237,26 @@ class RecordMapping:
             raise MappingError("code is not an integer")
         if code_raw is not None and code_raw not in CODE_RANGE:
             raise MappingError("code is out of range")
+        status, event = text("status"), text("event")
         transaction_id = text("transaction_id")
+        customer_reference, service = text("customer_reference"), text("service")
+        timestamp = text("timestamp")
         answered = text("reference")
         if answered is not None and answered.strip().casefold() != reference.strip().casefold():
             # another payment's record (or a wrong path for the field): nothing of it may be
             # recovered as the state of the one asked about
             raise MappingError(f"the record is about reference {answered[:64]!r}, "
                                f"not {reference[:64]!r}")
+        if code_raw is None and not (status or "").strip() and not (event or "").strip():
+            # nothing that says a state: read as "pending", such an answer (a mapping that
+            # does not fit the provider's ``data``) opened a false ``unresolved`` whose
+            # advice is to charge the customer again, and a false mismatch for every
+            # payment our webhooks call final
+            raise MappingError("the record names no status, event or code: check "
+                               "HOOKLEDGER_RECONCILE_RECORD_PATHS against the API's data")
         return ProviderRecord(
-            reference=answered or reference, status=text("status"), amount=amount,
-            event=text("event"), code=code_raw, customer_reference=text("customer_reference"),
+            reference=answered or reference, status=status, amount=amount,
+            event=event, code=code_raw, customer_reference=customer_reference,
             transaction_id=None if transaction_id in (None, "", "-1") else transaction_id,
-            service=text("service"), timestamp=text("timestamp"),
+            service=service, timestamp=timestamp,
             type=_word(data, self.paths["type"]))

@@ -102,3 +102,45 @@ def test_an_answer_trickled_in_byte_by_byte_is_given_up_on_at_the_timeout() -> N
         elapsed, lookup = asyncio.run(look_up(api.url))
     assert (lookup.kind, lookup.error, lookup.attempts) == ("error", "timeout", 2), lookup
     assert elapsed < 5
+
+
+@pytest.mark.parametrize("reference", [".", "..", "a..b"])
+def test_a_reference_of_dots_is_asked_about_as_itself(reference: str) -> None:
+    """``..`` was sent as a dot segment, which the URL's normalisation removes: the client
+    asked ``/api/v1/payment`` for it, and any answer there was read as its record."""
+    state = CountingState()
+    state.record_general(body("payment.confirmed", 91000, reference=reference, amount=100))
+    state.record_general(body("payment.failed", 91050, reference="PAY-1", amount=100))
+
+    async def look_up(url: str) -> Lookup:
+        async with ReferenceClient(url, API_KEY, max_attempts=1, seed=1) as client:
+            return await client.lookup(reference)
+
+    with running_sandbox(state=state) as api:
+        lookup = asyncio.run(look_up(api.url))
+    assert lookup.kind == "found" and lookup.record is not None, lookup
+    assert (lookup.record.reference, lookup.record.outcome) == (reference, "success")
+
+
+@pytest.mark.parametrize("data", [{}, {"reference": "BARE-1", "amount": 100},
+                                  {"payment": {"reference": "BARE-1", "status": "SUCCESSFUL"}},
+                                  {"reference": "BARE-1", "status": "  ", "amount": 100}])
+def test_a_record_that_says_no_state_is_a_mapping_error_not_a_pending_payment(
+        data: dict[str, Any]) -> None:
+    """With none of status, event or code where the mapping looks (a provider whose
+    ``data`` is shaped otherwise), the record was read as pending: an ``unresolved`` whose
+    advice is to charge the customer again, and a mismatch for every confirmed payment."""
+    state = CountingState()
+    state.put_record("BARE-1", data)
+    state.put_record("SAYS-1", {"reference": "SAYS-1", "status": "PENDING"})
+
+    async def look_up(url: str) -> list[Lookup]:
+        async with ReferenceClient(url, API_KEY, max_attempts=1, seed=1) as client:
+            return [await client.lookup(ref) for ref in ("BARE-1", "SAYS-1")]
+
+    with running_sandbox(state=state) as api:
+        bare, says = asyncio.run(look_up(api.url))
+    assert (bare.kind, bare.error) == ("error", "mapping"), bare
+    assert "no status, event or code" in (bare.detail or "")
+    assert says.kind == "found" and says.record is not None
+    assert says.record.outcome == "pending"
