@@ -23,6 +23,7 @@ import psycopg
 from ledger.instants import storable_instant
 from ledger.jsonenc import jsonb_can_hold
 from reconcile.errors import ExpectationInvalid, ReconcileError
+from reconcile.records import MAX_AMOUNT_PLACES
 
 KINDS = ("collection", "payout", "sms")
 MAX_REFERENCE = 512
@@ -75,6 +76,10 @@ def parse_amount(value: Any, *, zero: bool = False) -> Decimal:
     if not amount.is_finite() or amount < 0 or (amount == 0 and not zero) \
             or amount >= MAX_AMOUNT:
         raise ExpectationInvalid("amount must be a positive number of TZS")
+    if amount.as_tuple().exponent < -MAX_AMOUNT_PLACES:  # type: ignore[operator]
+        # past what numeric holds (16,383 places), the insert failed: a 500, a traceback
+        raise ExpectationInvalid(f"amount must have at most {MAX_AMOUNT_PLACES} decimal "
+                                 "places")
     return amount
 
 

@@ -40,7 +40,10 @@ WITH candidates AS (
            ON e.kind = 'collection' AND p.reference = e.reference
     LEFT JOIN hookledger_private.payouts o ON e.kind = 'payout' AND o.reference = e.reference
     WHERE e.kind IN ('collection', 'payout')  -- a pending SMS is never waited for
-      AND ((e.initiated_at <= %(overdue)s
+      -- (an initiated_at ahead of the clock that registered it, a client's clock or a
+      -- typo'd year, is waited for from the registration: else its lost webhook was
+      -- waited for until that time came, for ever with a year 2099)
+      AND ((least(e.initiated_at, e.registered_at) <= %(overdue)s
             AND coalesce(p.outcome, o.outcome, 'none') NOT IN ('success', 'failure',
                                                                'refunded'))
            -- paid other than expected: the provider's record says what was paid, asked at
@@ -166,8 +169,9 @@ async def local_views(conn: Connection, subjects: Sequence[Due]
             for loaded in await cur.fetchall():
                 rows[(kind, loaded["reference"])] = loaded
         await cur.execute(
-            "SELECT reference, kind, amount, initiated_at FROM hookledger_private.expectations "
-            "WHERE reference = ANY(%s)", ([d.reference for d in subjects],))
+            "SELECT reference, kind, amount, least(initiated_at, registered_at) AS due_from "
+            "FROM hookledger_private.expectations WHERE reference = ANY(%s)",
+            ([d.reference for d in subjects],))
         expected = {(r["kind"], r["reference"]): r for r in await cur.fetchall()}
         # the open findings, the other kinds of record a resolved one already reported,
         # and the findings a person resolved
@@ -197,7 +201,7 @@ async def local_views(conn: Connection, subjects: Sequence[Due]
         key = (d.subject, d.reference)
         row = rows.get(key)
         exp: dict[str, Any] | None = expected.get(key)
-        since = exp["initiated_at"] if exp is not None and (
+        since = exp["due_from"] if exp is not None and (
             row is None or row["outcome"] == "pending") else (row or {}).get("updated_at")
         views[key] = Local(
             subject=d.subject, reference=d.reference,
@@ -398,7 +402,8 @@ async def open_by_kind(conn: Connection) -> dict[str, int]:
 
 async def oldest_unchecked_expectation(conn: Connection) -> datetime | None:
     cur = await conn.execute(
-        "SELECT min(e.initiated_at) FROM hookledger_private.expectations e "
+        "SELECT min(least(e.initiated_at, e.registered_at)) "
+        "FROM hookledger_private.expectations e "
         "LEFT JOIN hookledger_private.reconcile_subjects s "
         "ON s.subject = e.kind AND s.reference = e.reference "
         "LEFT JOIN hookledger_private.payments p ON e.kind = 'collection' "

@@ -36,6 +36,10 @@ def test_the_expectations_api_authenticates_validates_and_is_idempotent(db_url: 
             b'{"reference": "E-2", "kind": "payout", "amount": 0}',
             b'{"reference": "E-2", "kind": "payout", "amount": "ten"}',
             b'{"reference": "E-2", "kind": "payout", "amount": true}',
+            # past the places numeric holds: the insert failed, a 500 with a traceback
+            b'{"reference": "E-2", "kind": "payout", "amount": "1e-20000"}',
+            b'{"reference": "E-2", "kind": "payout", "amount": 1e-20000}',
+            b'{"reference": "E-2", "kind": "payout", "amount": 1.5e-20000}',
             b'{"reference": "E-2", "kind": "payout", "amount": 5, "initiated_at": "2026-11-22"}',
             b'{"reference": "E-2", "kind": "payout", "amount": 5, "extra": 1}',
             b'{"reference": "", "kind": "payout", "amount": 5}',

@@ -151,6 +151,23 @@ def test_an_unresolved_collection_after_the_window_and_an_unknown_reference(
     assert ("unresolved", "collection", "U-1", Decimal(500)) in discrepancies(db_url, "resolved")
 
 
+def test_an_expectation_dated_ahead_of_the_clock_is_waited_for_from_its_registration(
+        db_url: str) -> None:
+    """An ``initiated_at`` in the future (a client's clock ahead, a typo'd year) was waited
+    for until then: with 2099 its lost webhook was never looked for, and the gauge of the
+    oldest unchecked expectation read 0 meanwhile."""
+    state = CountingState()
+    state.record_general(body("payment.confirmed", 91000, reference="AHEAD-1", amount=700))
+    expect(db_url, "AHEAD-1", "collection", 700, minutes_ago=-60 * 24 * 365 * 70)
+    with running_sandbox(state=state) as api:
+        reconcile(db_url, api.url)  # registered just now: inside the window still
+        assert "AHEAD-1" not in state.asked
+        result = reconcile(db_url, api.url, now=datetime.now(UTC) + timedelta(minutes=10))
+    assert result.recovered == ["AHEAD-1"]
+    assert discrepancies(db_url) == [("missing_webhook", "collection", "AHEAD-1",
+                                      Decimal(700))]
+
+
 def test_timeouts_500s_and_429s_are_retried_and_finally_recorded_without_a_crash(
         db_url: str) -> None:
     state = CountingState()
