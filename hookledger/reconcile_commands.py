@@ -66,7 +66,8 @@ def _since(value: str | None) -> datetime | None:
         parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError as exc:
         raise click.BadParameter("an ISO 8601 date or date-time") from exc
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    # in UTC, as every other time in a report (``--since ...+03:00`` was shown as given)
+    return parsed.astimezone(UTC) if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 @click.command(name="report")

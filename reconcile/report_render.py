@@ -132,12 +132,19 @@ def _csv_cell(value: Any) -> Any:
 MD_SPECIAL = re.compile(r"([\\\[\]<>|!])")
 
 
+# what GitHub-flavoured Markdown makes a link of by itself, with no markup at all: a
+# scheme's ``://``, ``www.`` and an e-mail address's ``@``; a backslash before the ``:``,
+# the ``.`` or the ``@`` (each an escapable character, shown as itself) stops it
+MD_AUTOLINK = re.compile(r"(?i):(?=//)|(?<=www)\.|@")
+
+
 def _md(text: Any) -> str:
     """A table cell's text, shown as text: markup characters escaped (a reference or detail
-    from a webhook could otherwise be a link, an image or HTML in the rendered report), and
-    any line break, which ends a table row, made a space."""
+    from a webhook could otherwise be a link, an image or HTML in the rendered report), a
+    bare address kept from being linked, and any line break, which ends a table row, made
+    a space."""
     cell = " ".join(str(text if text is not None else "-").splitlines())
-    return MD_SPECIAL.sub(r"\\\1", cell)
+    return MD_AUTOLINK.sub(lambda found: "\\" + found.group(), MD_SPECIAL.sub(r"\\\1", cell))
 
 
 class MarkdownReport:

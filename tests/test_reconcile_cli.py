@@ -65,9 +65,15 @@ def test_expect_reconcile_and_report_from_the_command_line(
         out = tmp_path / "r.json"
         report = runner.invoke(main, ["report", "--format", "json", "--out", str(out)])
         assert report.exit_code == 0, report.output
+        since = runner.invoke(main, ["report", "--format", "json", "--out", str(out) + "s",
+                                     "--since", "2026-01-01T03:00:00+03:00"])
+        assert since.exit_code == 0, since.output
     data = json.loads(out.read_text())
     assert data["totals"]["open"] == 1
     assert data["open"][0]["reference"] == "CLI-1"
+    # every time in a report is UTC, the one given to --since too
+    assert json.loads((tmp_path / "r.jsons").read_text())["since"] == (
+        "2026-01-01T00:00:00+00:00")
 
 
 def test_db_url_prints_what_psql_takes_even_when_configured_for_sqlalchemy(

@@ -89,6 +89,8 @@ HOSTILE_REFERENCES = [
     "@SUM(A1:A9)", "\tTAB", "\rCR", "ref\rX", "ref\nY", "ref\r| injected | cell",
     "<img src=x onerror=alert(1)> [pay here](http://evil.example)", "![i](http://x)",
     "a|b", "`code`", "*bold* _it_",
+    # bare addresses, which GitHub-flavoured Markdown links with no markup
+    "see https://evil.example/login", "WWW.evil.example/pay", "refunds@evil.example",
 ]
 
 
@@ -129,6 +131,8 @@ def test_the_markdown_report_shows_text_as_text(reference: str) -> None:
     assert len(re.findall(r"(?<!\\)\|", open_row)) == 7
     # no link, image or HTML: every bracket, angle bracket and bang is escaped
     assert re.search(r"(?<!\\)[<>\[\]!]", open_row) is None
+    # nor a bare address GitHub would link: its ``://``, ``www.`` and ``@`` are broken
+    assert re.search(r"(?i)(?<!\\)://|www(?<!\\)\.|(?<!\\)@", open_row) is None
 
 
 def test_a_resolution_folded_before_its_detection_does_not_stop_the_report() -> None:
