@@ -12,8 +12,10 @@ faulted, so tests can always turn faults off):
   waits), then answer 504;
 * ``malformed_count`` / ``malformed_rate``: answer 200 with a broken envelope:
   ``malformed_kind`` ``non_json`` (an HTML page labelled JSON), ``missing_fields``
-  (JSON without ``code``, ``message`` and ``data``) or ``bad_encoding`` (labelled gzip, but
-  not gzip: the client cannot even read it).
+  (JSON without ``code``, ``message`` and ``data``), ``bad_encoding`` (labelled gzip, but
+  not gzip: the client cannot even read it) or ``loose_envelope`` (the real answer, done,
+  with ``code`` left out and ``message`` null: a success the documented shape does not
+  quite hold).
 
 Counts are used up first, one answer each; rates then apply per answer, drawn from a
 random generator seeded with ``seed``. When several would fire, the first of timeout,
@@ -46,7 +48,8 @@ class FaultSettings:
     hang_s: float = 60.0
     malformed_count: int = 0
     malformed_rate: float = 0.0
-    malformed_kind: Literal["non_json", "missing_fields", "bad_encoding"] = "non_json"
+    malformed_kind: Literal["non_json", "missing_fields", "bad_encoding",
+                            "loose_envelope"] = "non_json"
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -58,8 +61,10 @@ class FaultSettings:
                 raise ValueError(f"{f.name} must not be negative")
         if not 500 <= self.error_status <= 599:
             raise ValueError("error_status must be a 5xx status")
-        if self.malformed_kind not in ("non_json", "missing_fields", "bad_encoding"):
-            raise ValueError("malformed_kind must be non_json, missing_fields or bad_encoding")
+        if self.malformed_kind not in ("non_json", "missing_fields", "bad_encoding",
+                                       "loose_envelope"):
+            raise ValueError("malformed_kind must be non_json, missing_fields, bad_encoding "
+                             "or loose_envelope")
 
     @classmethod
     def from_json(cls, data: dict[str, Any], base: FaultSettings | None = None

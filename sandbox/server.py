@@ -104,6 +104,11 @@ def _faulty(faults: Faults, handler: Handler) -> Handler:
             if settings.malformed_kind == "bad_encoding":
                 return Response(b"this is not gzip", media_type="application/json",
                                 headers={"Content-Encoding": "gzip"})
+            if settings.malformed_kind == "loose_envelope":
+                loose = {key: value for key, value in json.loads(bytes(answer.body)).items()
+                         if key != "code"}
+                return Response(jsonenc.encode({**loose, "message": None}),
+                                status_code=answer.status_code, media_type="application/json")
             return Response(jsonenc.encode({"success": True}), media_type="application/json")
         return answer
 

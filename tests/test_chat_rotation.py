@@ -383,6 +383,21 @@ def test_admin_rotation_with_a_renamed_answer_field_keeps_the_answer_in_a_privat
                                    delivery_id="from-answer").status_code == 200, timeout_s=5)
 
 
+def test_a_rotation_answered_in_a_loose_envelope_still_keeps_the_secret(
+        sandbox: Sandbox, db_url: str, tmp_path: Path) -> None:
+    """The provider rotated and said ``success: true``, but left out ``code`` and sent a
+    null ``message``: read strictly, that answer was malformed and thrown away with the
+    secret in it, which the provider never shows again, and every delivery signed with it
+    was refused."""
+    sandbox.faults.set(malformed_count=1, malformed_kind="loose_envelope")
+    result = invoke(["chat", "rotate-secret", PHONE], cli_env(db_url, sandbox.url,
+                                                              str(tmp_path)))
+    assert result.exit_code == 0, result.output
+    new_secret = sandbox.state.number(PHONE).secret  # type: ignore[union-attr]
+    assert new_secret != OLD_SECRET and new_secret not in result.output
+    assert stored_secrets(db_url)[new_secret] is None
+
+
 def test_a_malformed_envelope_is_a_clear_error(sandbox: Sandbox, db_url: str,
                                                tmp_path: Path) -> None:
     env = cli_env(db_url, sandbox.url, str(tmp_path))
