@@ -46,7 +46,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from ingest.chat_api import ChatApi, ChatApiError
 from ingest.chat_body import MEDIA_KINDS
-from ingest.durable import fsync_folder
+from ingest.durable import durable_folder, fsync_folder
 from ledger import LedgerStore, NewEvent
 from ledger.jsonenc import dumps
 from ledger.sqlfiles import load
@@ -79,7 +79,10 @@ class MediaStore:
         relative = Path(MEDIA_DIR) / digest[:2] / digest
         target = self.home / relative
         if not (target.exists() and target.stat().st_size == len(content)):
-            target.parent.mkdir(parents=True, exist_ok=True)
+            # the media folder and its new two-character folder, durably: fsynced inside
+            # a folder whose name a power cut lost, the file was gone with it, while the
+            # ``chat.media.fetched`` event named it
+            durable_folder(target.parent)
             fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".part-")
             try:
                 with os.fdopen(fd, "wb") as out:

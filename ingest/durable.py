@@ -14,3 +14,15 @@ def fsync_folder(folder: Path) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def durable_folder(folder: Path) -> None:
+    """``mkdir -p`` whose names survive a power cut: a file fsynced inside a folder whose
+    own name was never written is lost with it (the spool's folder, made at start-up on a
+    new home with the home too; a media file's new two-character folder). Its parent is
+    fsynced even when it already existed: a process that died before doing so may have
+    left it only in the page cache."""
+    made = [parent for parent in folder.parents if not parent.exists()]
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in (folder, *made):
+        fsync_folder(name.parent)

@@ -47,7 +47,7 @@ from typing import Any, BinaryIO
 
 import structlog
 
-from ingest.durable import fsync_folder
+from ingest.durable import durable_folder, fsync_folder
 from ledger import NewEvent
 from ledger.jsonenc import dumps
 
@@ -153,7 +153,7 @@ class Spool:
                  legacy: Path | None = None) -> None:
         self.folder = folder
         self.legacy = legacy  # where files of releases without per-database folders lie
-        _durable_folder(folder)
+        durable_folder(folder)
         self._owner = owner  # None: this process's id (tests give two spools two owners)
         self._start = os.urandom(4).hex()  # this process start's own names (see above)
         self._generation = 0
@@ -345,17 +345,6 @@ class Spool:
             except FileNotFoundError:
                 pass
         return total
-
-
-def _durable_folder(folder: Path) -> None:
-    """``mkdir -p`` whose names survive a power cut: the spool folder is made at start-up
-    (on a new home, the home too), and a record fsynced inside a folder whose own name was
-    never written is lost with it. Its parent is fsynced even when it already existed: a
-    start that died before doing so may have left it only in the page cache."""
-    made = [parent for parent in folder.parents if not parent.exists()]
-    folder.mkdir(parents=True, exist_ok=True)
-    for name in (folder, *made):
-        fsync_folder(name.parent)
 
 
 def _writer(path: Path) -> str:

@@ -14,8 +14,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import ingest.chat_media
+import ingest.durable
 from ingest.chat_api import ChatApiMalformed, ChatApiRefused, ChatApiUnavailable, parse_envelope
-from ingest.chat_media import OUTAGE_ATTEMPTS, Pending, backoff, plan
+from ingest.chat_media import OUTAGE_ATTEMPTS, MediaStore, Pending, backoff, plan
 from sandbox.runner import Sandbox, running_sandbox
 from sandbox.state import media_bytes
 from tests.chat_events import PHONE, encode, inbound
@@ -405,3 +407,24 @@ def test_envelopes_are_read_strictly() -> None:
                  b'"message":"","data":{}}', b"\xff"):
         with pytest.raises(ChatApiMalformed):
             parse_envelope(200, body)
+
+
+def test_a_media_files_new_folders_are_made_durable_with_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the file's own folder was fsynced: after a power cut the new ``media`` folder
+    (or its two-character one) could be gone, and the file with it, while the
+    ``chat.media.fetched`` event already named it."""
+    synced: list[Path] = []
+
+    def noting(folder: Path) -> None:
+        synced.append(Path(folder))
+
+    monkeypatch.setattr(ingest.durable, "fsync_folder", noting)
+    monkeypatch.setattr(ingest.chat_media, "fsync_folder", noting)
+    home = tmp_path / "home"
+    home.mkdir()
+    stored = MediaStore(home).put(b"picture bytes")
+    target = home / stored.path
+    assert target.read_bytes() == b"picture bytes"
+    # each new name's folder: the home (for media/), media/ (for its ab/), ab/ (the file)
+    assert {home, home / "media", target.parent} <= set(synced)
