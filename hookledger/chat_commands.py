@@ -121,17 +121,23 @@ def _show_secret(exc: SecretNotStored) -> None:
         f"NEW SECRET ({exc.label}): {exc.reveal()}", err=True)
 
 
-def _rescue_answer(settings: Settings, phone_number_id: str,
-                   exc: SecretFieldMissing) -> NoReturn:
+def _keep_answer(settings: Settings, phone_number_id: str,
+                 exc: SecretFieldMissing) -> Path | OSError:
     """Keep the answer that holds the new secret under a field not looked in; never print
     it (unlike a secret in hand, which field holds it is for the operator to say)."""
     try:
-        path = rescue_answer_to_file(settings.home, phone_number_id, exc.reveal_data(),
+        return rescue_answer_to_file(settings.home, phone_number_id, exc.reveal_data(),
                                      datetime.now(UTC))
     except OSError as io_error:
-        _fail(f"{exc}. Keeping the answer failed too ({type(io_error).__name__}). "
+        return io_error
+
+
+def _answer_kept(phone_number_id: str, exc: SecretFieldMissing,
+                 kept: Path | OSError) -> NoReturn:
+    if isinstance(kept, OSError):
+        _fail(f"{exc}. Keeping the answer failed too ({type(kept).__name__}). "
               f"{answer_lost_advice()}", EXIT_SECRET_NOT_STORED)
-    _fail(f"WARNING: {exc}.\n{answer_kept_advice(phone_number_id, path)}",
+    _fail(f"WARNING: {exc}.\n{answer_kept_advice(phone_number_id, kept)}",
           EXIT_SECRET_NOT_STORED)
 
 
@@ -187,13 +193,18 @@ def rotate_secret(phone_number_id: str) -> None:
         _show_secret(exc)
         shown.append(exc)
 
+    kept: list[Path | OSError] = []
+
+    def keep(exc: SecretFieldMissing) -> None:  # at once too, inside the rotation's lock
+        kept.append(_keep_answer(settings, phone_number_id, exc))
+
     async def run(url: str) -> Rotated:
         pool = await _open_pool(url)
         try:
             secrets = ChatSecretStore(pool, grace_s=settings.rotation_grace_s)
             async with _api(settings) as api:
                 return await rotate(api, secrets, LedgerStore(pool), phone_number_id,
-                                    via="cli", on_not_stored=show)
+                                    via="cli", on_not_stored=show, on_unread=keep)
         finally:
             await pool.close()
 
@@ -208,7 +219,8 @@ def rotate_secret(phone_number_id: str) -> None:
                 _show_secret(exc)
             sys.exit(EXIT_SECRET_NOT_STORED)
         except SecretFieldMissing as exc:
-            _rescue_answer(settings, phone_number_id, exc)
+            _answer_kept(phone_number_id, exc,
+                         kept[0] if kept else _keep_answer(settings, phone_number_id, exc))
         except RotationError as exc:
             _fail(str(exc))
         except ChatApiError as exc:

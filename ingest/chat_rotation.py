@@ -62,6 +62,10 @@ log = structlog.get_logger("hookledger.chat_rotation")
 SOURCE = "admin"
 ROTATED = "chat.secret.rotated"
 RESCUE_DIR = "rescued-secrets"
+# how long storing a just-issued secret may take before it counts as not stored (and is
+# shown or rescued): a database that stops answering sends no error, and the secret, shown
+# once, was held only in memory for as long as the statement waited
+STORE_WITHIN_S = 15.0
 
 
 class RotationError(IngestError):
@@ -118,8 +122,9 @@ async def keep_secret(secrets: ChatSecretStore, ledger: LedgerStore, phone_numbe
     exception nobody caught, never shown."""
     at = clock()
     try:
-        installed = await secrets.store_rotated(phone_number_id, secret, at,
-                                                issued_at=issued_at)
+        async with asyncio.timeout(STORE_WITHIN_S):
+            installed = await secrets.store_rotated(phone_number_id, secret, at,
+                                                    issued_at=issued_at)
     except ChatSecretError as exc:
         if exc.reason != "superseded":
             raise _not_stored(phone_number_id, secret, exc, on_not_stored) from None
@@ -153,25 +158,38 @@ def _not_stored(phone_number_id: str, secret: str, exc: BaseException,
     return not_stored
 
 
-RESCUED_NAME = re.compile(r"-(\d{8}T\d{6})(?:\.\d+)?Z(?:-[0-9a-f]+\.secret|\.answer\.json)$")
+RESCUED_NAME = re.compile(
+    r"-(\d{8}T\d{6})(\.\d{6})?Z(?:-[0-9a-f]+\.secret|\.answer\.json)$")
 
 
 def issued_at_of(kept_in: Path) -> datetime | None:
     """By when the secret kept in a rescue file was issued, by the file's name (see
-    :func:`rescue_to_file`, :func:`rescue_answer_to_file`): the end of the second it names,
-    since the file is written after the answer came. None for another name. Pure."""
+    :func:`rescue_to_file`, :func:`rescue_answer_to_file`), since the file is written after
+    the answer came and before the rotation's lock is let go: the instant it names, or the
+    end of its second for a name of earlier releases, which named no fraction (a second
+    rotation within that second was then taken for an older one). None for another
+    name. Pure."""
     found = RESCUED_NAME.search(kept_in.name)
     if found is None:
         return None
     named = datetime.strptime(found.group(1), "%Y%m%dT%H%M%S").replace(tzinfo=UTC)
-    return named + timedelta(seconds=1)
+    if found.group(2) is None:
+        return named + timedelta(seconds=1)
+    return named + timedelta(microseconds=int(found.group(2)[1:]))
 
 
 async def rotate(api: ChatApi, secrets: ChatSecretStore, ledger: LedgerStore,
                  phone_number_id: str, *, via: str,
                  on_not_stored: NotStoredHandler | None = None,
+                 on_unread: Callable[[SecretFieldMissing], None] | None = None,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> Rotated:
-    """Rotate through the provider and keep the new secret before anything else."""
+    """Rotate through the provider and keep the new secret before anything else.
+
+    ``on_not_stored`` and ``on_unread`` (an answer with no secret where it was looked for)
+    are called while the rotation's lock is held, so that what they keep is on the disk
+    before another rotation can begin (by the rescue file's name, a later rotation is
+    then always later: :func:`issued_at_of`), and before letting go of the lock waits on
+    a database that stopped answering."""
     if not valid_phone_number_id(phone_number_id):
         raise RotationError("invalid_phone_number_id",
                             f"phone number id {phone_number_id[:80]!r} is not a valid id")
@@ -179,7 +197,12 @@ async def rotate(api: ChatApi, secrets: ChatSecretStore, ledger: LedgerStore,
         # only taking the lock raises ChatSecretError: keep_secret turns whatever storing
         # raises into SecretNotStored, and the provider's errors are ChatApiError
         async with secrets.rotation_lock(phone_number_id):
-            secret = await api.rotate_secret(phone_number_id)
+            try:
+                secret = await api.rotate_secret(phone_number_id)
+            except SecretFieldMissing as exc:
+                if on_unread is not None:
+                    on_unread(exc)
+                raise
             return await keep_secret(secrets, ledger, phone_number_id, secret, via=via,
                                      on_not_stored=on_not_stored, clock=clock)
     except ChatSecretError as exc:
@@ -189,7 +212,8 @@ async def rotate(api: ChatApi, secrets: ChatSecretStore, ledger: LedgerStore,
 def rescue_to_file(home: Path, phone_number_id: str, label: str, secret: str,
                    at: datetime) -> Path:
     """Write a secret that could not be stored to a new 0600 file (folder 0700); fsynced."""
-    name = f"{phone_number_id}-{at.strftime('%Y%m%dT%H%M%SZ')}-{label.split(':')[-1]}.secret"
+    name = (f"{phone_number_id}-{at.strftime('%Y%m%dT%H%M%S.%fZ')}-"
+            f"{label.split(':')[-1]}.secret")
     return _private_file(home, name, secret.encode("utf-8") + b"\n")
 
 
@@ -297,9 +321,15 @@ class UnreadAnswer:
 async def rescue_answer(home: Path, phone_number_id: str,
                         exc: SecretFieldMissing) -> Path | None:
     """Keep an answer that held no readable secret; None (logged) when that fails."""
+    return await asyncio.to_thread(rescue_answer_now, home, phone_number_id, exc)
+
+
+def rescue_answer_now(home: Path, phone_number_id: str,
+                      exc: SecretFieldMissing) -> Path | None:
+    """:func:`rescue_answer`, in this thread (see :func:`rescue_now`)."""
     try:
-        path = await asyncio.to_thread(rescue_answer_to_file, home, phone_number_id,
-                                       exc.reveal_data(), datetime.now(UTC))
+        path = rescue_answer_to_file(home, phone_number_id, exc.reveal_data(),
+                                     datetime.now(UTC))
     except OSError as io_error:
         log.error("chat_secret.answer_lost", phone_number_id=phone_number_id,
                   fields=exc.fields, error=type(io_error).__name__)
@@ -320,9 +350,15 @@ class Unstored:
 
 async def rescue(home: Path, exc: SecretNotStored) -> Path | None:
     """Write an unstored secret to a rescue file; None (logged) when that fails as well."""
+    return await asyncio.to_thread(rescue_now, home, exc)
+
+
+def rescue_now(home: Path, exc: SecretNotStored) -> Path | None:
+    """:func:`rescue`, in this thread: for the moment storing failed, before the rotation's
+    lock is let go (on a database that stopped answering, that can wait as long again)."""
     try:
-        path = await asyncio.to_thread(rescue_to_file, home, exc.phone_number_id, exc.label,
-                                       exc.reveal(), datetime.now(UTC))
+        path = rescue_to_file(home, exc.phone_number_id, exc.label, exc.reveal(),
+                              datetime.now(UTC))
     except OSError as io_error:
         log.error("chat_secret.lost", phone_number_id=exc.phone_number_id, label=exc.label,
                   error=type(io_error).__name__)
@@ -339,13 +375,23 @@ async def rotate_or_rescue(ops: ChatOps, make_api: Callable[[], ChatApi],
     The route shields this from a caller who hangs up; the rescue belongs inside the shield,
     since a caller cancelled before the provider answered never reaches its own handler,
     and a secret the provider shows once would be neither stored nor rescued."""
+    rescued: list[Path | None] = []
+
+    def at_once(exc: SecretNotStored) -> None:  # on the disk before anything else can wait
+        rescued.append(rescue_now(ops.home, exc))
+
+    def answer_at_once(exc: SecretFieldMissing) -> None:
+        rescued.append(rescue_answer_now(ops.home, phone_number_id, exc))
+
     try:
         async with make_api() as api:
-            return await rotate(api, ops.secrets, ops.ledger, phone_number_id, via="admin")
+            return await rotate(api, ops.secrets, ops.ledger, phone_number_id, via="admin",
+                                on_not_stored=at_once, on_unread=answer_at_once)
     except SecretNotStored as exc:
-        return Unstored(exc, await rescue(ops.home, exc))
+        return Unstored(exc, rescued[0] if rescued else await rescue(ops.home, exc))
     except SecretFieldMissing as exc:
-        return UnreadAnswer(exc, await rescue_answer(ops.home, phone_number_id, exc))
+        return UnreadAnswer(exc, rescued[0] if rescued
+                            else await rescue_answer(ops.home, phone_number_id, exc))
 
 
 async def admin_rotate_secret(request: Request) -> Response:

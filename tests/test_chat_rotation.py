@@ -25,6 +25,7 @@ from click.testing import CliRunner
 from starlette.requests import Request
 
 from hookledger.cli import main
+from ingest import chat_rotation
 from ingest.chat_rotation import (
     ChatOps,
     SecretNotStored,
@@ -33,6 +34,7 @@ from ingest.chat_rotation import (
     keep_secret,
     rescue_answer_to_file,
     rescue_to_file,
+    rotate_or_rescue,
     store_secret_command,
 )
 from ingest.chat_secrets import fingerprint
@@ -230,7 +232,8 @@ def test_a_rescued_secret_a_later_rotation_replaced_is_not_stored_over_it(
     failed = admin_rotate(service)
     execute(db_url, SHOW_TABLE)
     assert failed.status_code == 500
-    time.sleep(1.1)  # the rescue file names its second
+    # at once: the rescue file names its instant, written before the lock was let go (it
+    # named only its second, read as its end, and a rotation within it counted as older)
     assert admin_rotate(service).status_code == 200
     signing = sandbox.state.number(PHONE).secret  # type: ignore[union-attr]
     result = invoke(printed_command(failed.json()["command"])[1:],
@@ -246,7 +249,10 @@ def test_a_rescue_files_name_says_by_when_its_secret_was_issued(tmp_path: Path) 
     secret_file = rescue_to_file(tmp_path, PHONE, "sha256:0123456789ab", "s", at)
     answer_file = rescue_answer_to_file(tmp_path, PHONE, {"x": "y"}, at)
     for kept in (secret_file, answer_file):
-        assert issued_at_of(kept) == datetime(2026, 11, 27, 8, 30, 16, tzinfo=UTC)
+        assert issued_at_of(kept) == at
+    # a name of earlier releases, with no fraction: the end of the second it names
+    older = tmp_path / f"{PHONE}-20261127T083015Z-0123456789ab.secret"
+    assert issued_at_of(older) == datetime(2026, 11, 27, 8, 30, 16, tzinfo=UTC)
     assert issued_at_of(tmp_path / "my-secret.txt") is None
 
 
@@ -502,6 +508,53 @@ def test_a_caller_who_hangs_up_still_gets_an_unstored_secret_rescued(tmp_path: P
 
     [rescued] = asyncio.run(scenario())
     assert rescued.read_text().strip() == "issued-once-never-again-7"
+
+
+def test_a_store_the_database_never_answers_is_rescued_in_bounded_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A database that stops answering sends no error: the store waited for ever, with
+    the secret (shown once) only in memory, and the rescue came only after the rotation's
+    lock was let go, whose rollback waits on the same database. Now the store is given up
+    after ``STORE_WITHIN_S`` and the secret is on the disk before the lock is let go."""
+    monkeypatch.setattr(chat_rotation, "STORE_WITHIN_S", 0.2)
+
+    async def scenario() -> list[Path]:
+        releasing = asyncio.Event()
+
+        class Api:
+            async def __aenter__(self) -> Api:
+                return self
+
+            async def __aexit__(self, *_: object) -> None:
+                return None
+
+            async def rotate_secret(self, phone_number_id: str) -> str:
+                return "issued-once-never-again-9"
+
+        class Secrets:
+            @contextlib.asynccontextmanager
+            async def rotation_lock(self, _: str) -> AsyncIterator[None]:
+                try:
+                    yield
+                finally:
+                    releasing.set()
+                    await asyncio.sleep(3600)  # the rollback, on a database that is away
+
+            async def store_rotated(self, *_: Any, **__: Any) -> Any:
+                await asyncio.sleep(3600)  # a database that does not answer
+                raise AssertionError("not reached")
+
+        ops = ChatOps(Secrets(), None, tmp_path, Api)  # type: ignore[arg-type]
+        work = asyncio.create_task(rotate_or_rescue(ops, Api, PHONE))  # type: ignore[arg-type]
+        await asyncio.wait_for(releasing.wait(), 5)
+        kept = list(tmp_path.glob("rescued-secrets/*"))
+        work.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await work
+        return kept
+
+    [rescued] = asyncio.run(scenario())
+    assert rescued.read_text().strip() == "issued-once-never-again-9"
 
 
 def test_a_store_cancelled_midway_still_hands_the_secret_back() -> None:
