@@ -45,6 +45,9 @@ log = structlog.get_logger("hookledger.chat_secrets")
 
 MAX_PHONE_NUMBER_ID = 64
 MAX_SECRET = 1024
+# how long the rotation lock's session may sit idle in its transaction before the server
+# ends it, releasing the lock (see ``rotation_lock``)
+ROTATION_LOCK_IDLE_S = 120.0
 _ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
 
 
@@ -178,6 +181,15 @@ class ChatSecretStore:
             try:
                 conn = await self._pool.getconn(timeout=self._acquire_timeout_s)
                 await conn.execute("BEGIN")
+                # the lock's session sits idle in its transaction while the provider is
+                # asked and the secret stored: cut off by a network blip, the server kept
+                # it, and the lock, until the kernel gave up on the socket (hours), every
+                # rotation of the number refused meanwhile. Bounded for this transaction
+                # only (the connection goes back to the pool), well past asking (10 s)
+                # and storing (15 s), so only a session nobody drives any more is ended
+                await conn.execute(
+                    "SELECT set_config('idle_in_transaction_session_timeout', %s, true)",
+                    (str(int(ROTATION_LOCK_IDLE_S * 1000)),))
                 cur = await conn.execute(_sql("chat_secrets_rotation_lock"), params)
                 row = await cur.fetchone()
             except psycopg.Error as exc:  # PoolTimeout too

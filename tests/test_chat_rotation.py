@@ -632,6 +632,52 @@ def test_a_second_rotation_of_a_number_is_refused_while_the_first_is_under_way(
     assert current == label == fingerprint("issued-2-never-again")
 
 
+@pytest.mark.parametrize("bounded", [True, False])
+def test_a_rotation_lock_cut_off_by_a_network_blip_is_let_go_within_its_bound(
+        db_url: str, monkeypatch: pytest.MonkeyPatch, bounded: bool) -> None:
+    """A blip while the lock's session sat idle in its transaction (the provider being
+    asked) left the server holding the session and the lock until the kernel gave up on
+    the socket, and every rotation of the number was refused meanwhile. Bounded, the
+    server ends that session; unbounded (what the bound is for), it is still held."""
+    from psycopg_pool import AsyncConnectionPool
+
+    from ingest import chat_secrets
+    from ingest.chat_secrets import ChatSecretError, ChatSecretStore
+    from tests.relay import SocketRelay
+
+    monkeypatch.setattr(chat_secrets, "ROTATION_LOCK_IDLE_S", 1.0 if bounded else 0.0)
+    relay = SocketRelay(db_url)
+
+    async def scenario() -> str | None:
+        async with AsyncConnectionPool(relay.url, min_size=1, max_size=2,
+                                       kwargs={"autocommit": True}) as cut_pool, \
+                AsyncConnectionPool(db_url, min_size=1, max_size=2,
+                                    kwargs={"autocommit": True}) as pool:
+            holding = ChatSecretStore(cut_pool, grace_s=600)
+            other = ChatSecretStore(pool, grace_s=600)
+            with contextlib.suppress(Exception):
+                async with holding.rotation_lock(PHONE):
+                    relay.cut_clients()  # the provider is being asked; the network blips
+            await asyncio.sleep(2.5)
+            try:
+                async with other.rotation_lock(PHONE):
+                    return None
+            except ChatSecretError as exc:
+                return exc.reason
+            finally:
+                async with pool.connection() as conn:  # end the lingering session anyway
+                    await conn.execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid <> "
+                        "pg_backend_pid() AND state = 'idle in transaction' "
+                        "AND datname = current_database()")
+
+    try:
+        refused = asyncio.run(scenario())
+    finally:
+        relay.close()
+    assert refused == (None if bounded else "rotation_in_progress")
+
+
 def test_a_store_interrupted_by_keyboard_interrupt_hands_the_secret_over_first() -> None:
     """A second Ctrl-C raises KeyboardInterrupt, no error to carry the secret out: the
     command ended with the secret in an exception nobody caught, never shown. It is handed
