@@ -542,6 +542,8 @@ def fold_invoice(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrep
         if held is None or _block_newer(order, held):
             state[name] = value
             marks[name] = order
+            if name == "amount_due":  # as reported: the row may show it unknown (below)
+                marks[DUE_AS_REPORTED] = _amount_text(value)
             if name == "last_event":
                 state["updated_at"] = event.occurred_at
     if block and (state["block_key"] is None or _block_newer(order, state["block_key"])):
@@ -564,6 +566,7 @@ def fold_invoice(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrep
         # findings are the same whatever order the events arrive in; money received after
         # the cancellation is the row's word, which the reconcile pass reads
         found.append(cancelled_with_money(number, held))
+    state["amount_due"] = _amount_due_now(state, marks)
     state["settled"] = state["amount_due"] is not None and state["amount_due"] == 0
     state["status"] = invoice_status(cancelled=state["cancelled"],
                                      amount_paid=state["amount_paid"],
@@ -571,6 +574,33 @@ def fold_invoice(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrep
     state["event_count"] += 1
     state["last_position"] = max(state["last_position"], event.position)
     return state, found
+
+
+# the amount due as last reported, kept beside the marks: the row shows it unknown while
+# it is outdated (:func:`_amount_due_now`), and a later word on the amounts may make it
+# current again
+DUE_AS_REPORTED = "amount_due_reported"
+
+
+def _amount_due_now(state: Row, marks: dict[str, Any]) -> Decimal | None:
+    """The amount due as last reported, or None (unknown) when it is outdated: a later
+    event gave a total or an amount paid that the reported due does not fit (total less
+    paid). An invoice paid in full (due 0) and re-saved with a larger total by a block that
+    leaves ``amountDue`` out still showed due 0 and settled, with money owed. The due and
+    the amounts of one event are the provider's word together (a write-off may leave
+    nothing due with less paid than the total): only a due older than them is doubted."""
+    reported = marks.get(DUE_AS_REPORTED)
+    due = Decimal(reported) if isinstance(reported, str) else state["amount_due"]
+    total, paid = state["total"], state["amount_paid"]
+    due_mark = _held_mark(marks, "amount_due")
+    if due is None or total is None or paid is None or due_mark is None \
+            or total - paid == due:
+        return due
+    for name in ("total", "amount_paid"):
+        mark = _held_mark(marks, name)
+        if mark is not None and _block_newer(mark, due_mark):
+            return None
+    return due
 
 
 def _block_newer(candidate: list[Any], held: list[Any]) -> bool:

@@ -400,6 +400,38 @@ def test_the_total_is_the_latest_invoices_beside_its_amounts_whatever_the_order(
             Decimal("1500"), Decimal("900"), Decimal("600"), "partially_paid")
 
 
+def test_a_due_the_later_amounts_outdate_is_unknown_not_settled_whatever_the_order() -> None:
+    """Paid in full, then re-saved with a larger total by a block that leaves amountDue out:
+    the row kept the paid event's due of 0 beside the new total and called the invoice
+    settled, with 600 owed. The due is unknown then, until an event says it again."""
+    paid = invoice_event("invoice.paid", 93002, 900, 0, "20261122082000")
+    raised = ev("invoice.updated", 93001, reference="INV-1", amount=1500, service="Invoicing",
+                timestamp="20261122090000",
+                invoice={**INVOICE, "total": 1500, "amountPaid": 900})
+    said = ev("invoice.updated", 93001, reference="INV-1", amount=1500, service="Invoicing",
+              timestamp="20261122093000",
+              invoice={**INVOICE, "total": 1500, "amountPaid": 900, "amountDue": 600})
+    for order in permutations([paid, raised]):
+        rows, _ = fold_all("invoices", _in_order(*order))
+        row = rows["INV-1"]
+        assert (row["total"], row["amount_due"], row["settled"], row["status"]) == (
+            Decimal("1500"), None, False, "partially_paid")
+    for order in permutations([paid, raised, said]):
+        rows, _ = fold_all("invoices", _in_order(*order))
+        assert (rows["INV-1"]["amount_due"], rows["INV-1"]["settled"]) == (Decimal("600"),
+                                                                          False)
+    # a re-save that leaves the due out but fits it keeps the invoice settled
+    resaved = ev("invoice.updated", 93001, reference="INV-1", amount=900, service="Invoicing",
+                 timestamp="20261122090000", invoice={**INVOICE, "amountPaid": 900})
+    for order in permutations([paid, resaved]):
+        rows, _ = fold_all("invoices", _in_order(*order))
+        assert (rows["INV-1"]["amount_due"], rows["INV-1"]["settled"]) == (Decimal("0"), True)
+    # the provider's own word, all in one event, is never doubted: nothing due, less paid
+    written_off = invoice_event("invoice.paid", 93002, 800, 0, "20261122082000")
+    rows, _ = fold_all("invoices", [written_off])
+    assert (rows["INV-1"]["amount_due"], rows["INV-1"]["settled"]) == (Decimal("0"), True)
+
+
 def _old_shape(mark: Any) -> Any:
     """A mark as folds stored it before sort keys had a tiebreak (its third item), and an
     invoice's before it had the refund (its second)."""
