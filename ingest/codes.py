@@ -120,12 +120,13 @@ def outcome(event: str, code: int | None) -> Outcome:
     """The outcome, in this order: a code's failure band; a listed code of the event's own
     service that reads as something other than a success keeps that meaning (92002 on
     ``payout.failed`` is an approved payout in flight, 91010 on ``payment.confirmed`` a
-    refund); any other success-band code on a ``*.failed`` event is a success (the code is
-    the contract); else the event name.
+    refund); a success-band code of the event's own service on a ``*.failed`` event is a
+    success (the code is the contract); else the event name.
 
-    A listed success code never turns a refund or an approval into a success (the reading
-    that does not call that money settled stands); every contradiction is flagged
-    (:func:`code_contradicts_event`) for a person."""
+    A listed success code never turns a refund or an approval into a success, nor does a
+    success code of another service (92000, a payout completed, says nothing of a
+    collection) turn a failure into one: the reading that does not call money settled
+    stands. Every contradiction is flagged (:func:`code_contradicts_event`) for a person."""
     by_event = outcome_of_event(event)
     if code is None:
         return by_event
@@ -134,19 +135,27 @@ def outcome(event: str, code: int | None) -> Outcome:
     by_code = _listed_outcome(event, code)
     if by_code is not None and by_code != "success":
         return by_code
-    if by_event == "failure":
+    if by_event == "failure" and _of_service(event, code):
         return "success"
     return by_event
 
 
 def code_contradicts_event(event: str, code: int | None) -> bool:
     """Whether the code and the event name say different things (whichever was read), which
-    a person should hear about."""
+    a person should hear about: a success code on a ``*.failed`` event too, whatever its
+    service."""
     by_event = outcome_of_event(event)
     if code is None:
         return False
     listed = _listed_outcome(event, code)
-    return outcome(event, code) != by_event or (listed is not None and listed != by_event)
+    return (outcome(event, code) != by_event or (listed is not None and listed != by_event)
+            or (by_event == "failure" and not is_failure_code(code)))
+
+
+def _of_service(event: str, code: int) -> bool:
+    """Whether ``code``'s service digit (the S of 9 S OO) is the event's service's."""
+    listed = GENERAL_EVENTS.get(event)
+    return listed is not None and SERVICE_BY_DIGIT.get(code // 1000 % 10) == listed[0]
 
 
 def _listed_outcome(event: str, code: int) -> Outcome | None:

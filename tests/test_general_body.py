@@ -82,6 +82,23 @@ def test_a_failure_code_on_a_confirmed_event_is_a_failure_and_flagged() -> None:
 
 
 @pytest.mark.parametrize(("event", "code", "outcome"), [
+    ("payment.failed", 91000, "success"),   # its own service's code: the code decides
+    ("payout.failed", 92000, "success"),
+    ("payment.failed", 91042, "success"),   # unlisted, its own service
+    # another service's success says nothing of this payment: it stays failed (it read as
+    # a success, and a merchant shipping on outcome = success shipped unpaid goods)
+    ("payment.failed", 92000, "failure"),
+    ("payout.failed", 91000, "failure"),
+    ("sms.failed", 91000, "failure"),
+    ("payment.failed", 93042, "failure"),
+])
+def test_a_success_code_on_a_failed_event_counts_only_from_the_events_service(
+        event: str, code: int, outcome: str) -> None:
+    facts = read_general(body(event=event, code=code, amount=0), EAT).facts
+    assert facts["outcome"] == outcome and facts["code_event_conflict"] is True
+
+
+@pytest.mark.parametrize(("event", "code", "outcome"), [
     ("payout.failed", 92002, "pending"),       # approved and debited: not completed
     ("payout.confirmed", 92002, "pending"),
     ("payment.confirmed", 91010, "refunded"),  # the money went back to the customer
