@@ -137,20 +137,25 @@ def main() -> None:
 
 def _migrate_and_check(url: str) -> None:
     """Apply migrations, then warn once when the database's collation puts the dedupe
-    index at risk (:mod:`hookledger.collation`): what every long-running command and
+    index at risk (:mod:`hookledger.collation`), or its default isolation the hash chain
+    behind a pooler (:mod:`hookledger.isolation`): what every long-running command and
     ``migrate`` do first. The command goes on all the same, and a check that cannot be
     made is no reason to stop either."""
     import psycopg
 
     from hookledger.collation import database_collation_concern
+    from hookledger.isolation import database_isolation_concern
 
     migrate.upgrade(url)
-    try:
-        concern = database_collation_concern(url)
-    except psycopg.Error:
-        return
-    if concern:
-        log.warning("database.collation_not_c", reason=concern)
+    for event, check in (("database.collation_not_c", database_collation_concern),
+                         ("database.isolation_not_read_committed",
+                          database_isolation_concern)):
+        try:
+            concern = check(url)
+        except psycopg.Error:
+            continue
+        if concern:
+            log.warning(event, reason=concern)
 
 
 @main.command()

@@ -1,0 +1,39 @@
+"""Whether the database's default isolation could fork the hash chain behind a pooler.
+
+The append trigger chains each event to the newest one committed when it takes the append
+lock, which only a READ COMMITTED statement sees (:func:`ledger.store.read_committed`).
+hookledger pins each of its sessions to READ COMMITTED with a session ``SET``, which holds
+on a direct connection but not behind a connection pooler in transaction mode (PgBouncer):
+there a later transaction runs on another server connection, at the database's or role's
+own default. With that default REPEATABLE READ or SERIALIZABLE, two events could chain to
+one predecessor and ``hookledger verify`` would call an untouched ledger tampered with.
+hookledger cannot tell a pooler from a server, so such a default is warned about.
+"""
+
+from __future__ import annotations
+
+import psycopg
+
+SAFE_LEVELS = frozenset({"read committed", "read uncommitted"})  # the latter is the former
+
+
+def isolation_concern(level: str) -> str | None:
+    """Why the default isolation ``level`` (``default_transaction_isolation``) is a risk
+    for the hash chain, or None. Pure."""
+    if level.strip().lower() in SAFE_LEVELS:
+        return None
+    return (f"the database's default isolation is {level!r}: hookledger sets READ COMMITTED "
+            "for each of its sessions, but a connection pooler in transaction mode does not "
+            "keep that, and an append run at this level behind one can chain to an event "
+            "that is not the newest (hookledger verify then reports the ledger tampered "
+            "with). Behind such a pooler, ALTER DATABASE ... SET "
+            "default_transaction_isolation = 'read committed' (or for hookledger's role), or "
+            "connect hookledger directly or in session mode")
+
+
+def database_isolation_concern(url: str) -> str | None:
+    """:func:`isolation_concern` for the default a new session at ``url`` starts with."""
+    with psycopg.connect(url, connect_timeout=10) as conn:
+        row = conn.execute("SELECT current_setting('default_transaction_isolation')"
+                           ).fetchone()
+    return isolation_concern(str(row[0])) if row else None
