@@ -35,7 +35,7 @@ def parse_named_secrets(raw: str | dict[str, Any] | None) -> dict[str, SecretStr
     if raw is None or raw == "":
         return {}
     if isinstance(raw, dict):
-        pairs = [(str(k), str(v)) for k, v in raw.items()]
+        pairs = [(str(k).strip(), str(v).strip()) for k, v in raw.items()]
     else:
         pairs = []
         for item in str(raw).split(","):
@@ -43,14 +43,22 @@ def parse_named_secrets(raw: str | dict[str, Any] | None) -> dict[str, SecretStr
             if not item:
                 continue
             name, sep, secret = item.partition("=")
-            if not sep or not name.strip() or not secret:
+            if not sep:
                 # never echo the item: it holds a secret
                 raise ValueError("each entry must look like name=secret")
-            pairs.append((name.strip(), secret))
+            # spaces around the "=" are layout, not the secret's: kept, every delivery
+            # signed with the secret was refused (and the general system never resends)
+            pairs.append((name.strip(), secret.strip()))
     secrets: dict[str, SecretStr] = {}
-    for name, secret in pairs:
+    for number, (name, secret) in enumerate(pairs, start=1):
+        if not name or not secret:
+            # the TOML table took ``name = ""``: an HMAC under an empty key, which anyone
+            # can compute, verified forged deliveries
+            raise ValueError(f"entry {number} must look like name=secret, the secret not "
+                             "empty")
         if name in secrets:
-            raise ValueError(f"name {name!r} is given twice")
+            # not echoed either: written the wrong way round twice, the name is a secret
+            raise ValueError(f"entry {number} repeats an earlier entry's name")
         if not name.replace("-", "").replace("_", "").isalnum():
             # not echoed: written the wrong way round (secret=name), the "name" is the secret
             raise ValueError("a name may hold only letters, digits, '-' and '_' (name=secret)")

@@ -49,6 +49,41 @@ def test_malformed_secret_lists_are_refused(raw: str) -> None:
         parse_named_secrets(raw)
 
 
+@pytest.mark.parametrize("table", ['[general_secrets]\nmain = ""\n',
+                                   '[general_secrets]\nmain = "   "\n',
+                                   '[general_secrets]\n"" = "s3cr3t"\n'])
+def test_the_toml_table_refuses_an_empty_secret_as_the_variable_does(
+        table: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``main = ""`` in the table form was taken: every delivery was then verified with an
+    HMAC under an empty key, which anyone can compute, and forged payments answered 200."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "hookledger.toml").write_text(table)
+    with pytest.raises(ValidationError, match="general_secrets"):
+        Settings()
+    monkeypatch.setenv("HOOKLEDGER_GENERAL_SECRETS", "main=")
+    with pytest.raises(ValidationError, match="general_secrets"):
+        Settings()
+
+
+def test_spaces_around_a_secret_are_layout_not_the_secret(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    """``a = s3cr3t`` kept " s3cr3t" as the secret: every delivery signed with s3cr3t was
+    refused, and the general system never resends."""
+    parsed = parse_named_secrets("a = s3cr3t , b=zz ")
+    assert {k: v.get_secret_value() for k, v in parsed.items()} == {"a": "s3cr3t", "b": "zz"}
+    table = parse_named_secrets({" a ": " s3cr3t "})
+    assert {k: v.get_secret_value() for k, v in table.items()} == {"a": "s3cr3t"}
+
+
+def test_a_repeated_name_is_refused_without_quoting_it() -> None:
+    """Written the wrong way round twice (``secret=primary,secret=backup``), the repeated
+    "name" is the secret, and the refusal quoted it."""
+    with pytest.raises(ValueError) as refused:
+        parse_named_secrets("whsec_9f8e7d=primary,whsec_9f8e7d=backup")
+    assert "whsec" not in str(refused.value) and "entry 2" in str(refused.value)
+
+
 def test_a_pair_written_the_wrong_way_round_never_echoes_the_secret() -> None:
     """``secret=name``: the "name" is the secret, and its refusal once quoted it."""
     with pytest.raises(ValueError) as refused:
