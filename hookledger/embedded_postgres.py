@@ -29,6 +29,7 @@ import hashlib
 import importlib.util
 import os
 import pwd
+import re
 import shutil
 import stat
 import subprocess
@@ -37,11 +38,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 DATABASE_NAME = "hookledger"
 SUPERUSER = "postgres"
 _PORT = 5432  # only names the socket file; nothing listens on TCP
 _SOCKET_PATH_MAX = 100  # sun_path is 108 bytes; keep room for ".s.PGSQL.5432"
+# what a socket folder may hold to go into a URL and a quoted server option as it is
+_SAFE_PATH = re.compile(r"[A-Za-z0-9/._+-]+")
 _START_TIMEOUT_S = 60
 
 # What every embedded server runs with unless ``server_settings`` says otherwise, each from
@@ -238,13 +242,17 @@ class EmbeddedPostgres:
     @property
     def socket_dir(self) -> Path:
         preferred = self.root / "run"
-        if len(str(preferred)) <= _SOCKET_PATH_MAX:
+        # a space, '&', '%' or quote in the home (or the working directory, the default
+        # home's) broke the URL libpq reads ("unexpected spaces found") and the quoted
+        # server option: every command failed. Such a folder is not the socket's
+        if len(str(preferred)) <= _SOCKET_PATH_MAX and _SAFE_PATH.fullmatch(str(preferred)):
             return preferred
         digest = hashlib.sha256(str(self.root).encode()).hexdigest()[:16]
         return Path("/tmp") / f"hookledger-{digest}"
 
     def url(self, database: str = DATABASE_NAME) -> str:
-        return f"postgresql://{SUPERUSER}@/{database}?host={self.socket_dir}&port={_PORT}"
+        host = quote(str(self.socket_dir), safe="/")
+        return f"postgresql://{SUPERUSER}@/{database}?host={host}&port={_PORT}"
 
     def start(self) -> str:
         """Start (or join) the server and return the URL of the ``hookledger`` database."""
