@@ -179,10 +179,12 @@ def resolve_command(discrepancy_id: str, reason: str) -> None:
                 if row[2] == "resolved":
                     return "already resolved"
                 async with conn.transaction():
-                    await append_in(conn, [manual_resolution(
+                    [appended] = await append_in(conn, [manual_resolution(
                         discrepancy_id, row[0], row[1], reason.strip(), datetime.now(UTC))])
                 await catch_up(conn)
-                return "resolved"
+                # resolved meanwhile (a reconcile pass, another person): the resolution's
+                # key is the discrepancy's, so this one was not kept, nor its reason
+                return "already resolved" if appended.duplicate else "resolved"
             finally:
                 await conn.close()
 

@@ -238,3 +238,32 @@ def test_a_report_to_a_reader_that_pauses_holds_no_snapshot_meanwhile(
         command.wait(timeout=60)
     assert held == [(0,)]
     assert command.returncode == 0 and written.count(b"\r\n") == 2_001
+
+
+def test_a_resolution_someone_else_appended_first_is_not_reported_as_the_persons(
+        db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reconcile pass resolving the discrepancy between ``resolve``'s look at it and its
+    append took the resolution's key first: the person's resolution (and reason) was not
+    kept, yet the command said ``resolved``. Here the key is taken by an event no fold
+    applies, so the view still shows the discrepancy open when the command looks."""
+    import asyncio
+    import dataclasses
+    from datetime import UTC, datetime
+
+    from reconcile.findings import resolved_event
+    from tests.reconcile_helpers import append, deliver, rows
+
+    deliver(db_url, "invoice.updated", 91000, reference="INV-R", amount="3000")
+    [(found,)] = rows(db_url, "SELECT id FROM hookledger.discrepancies "
+                              "WHERE kind = 'malformed_delivery'")
+    taken = dataclasses.replace(
+        resolved_event(found, "invoice", "INV-R", "found by a pass", "p-1", datetime.now(UTC)),
+        event_type="test.key_taken")
+    asyncio.run(append(db_url, [taken]))
+    monkeypatch.setenv("HOOKLEDGER_DATABASE_URL", db_url)
+    monkeypatch.setenv("HOOKLEDGER_HOME", str(tmp_path))
+    done = CliRunner().invoke(main, ["resolve", found, "--reason", "checked by hand"])
+    assert done.exit_code == 0, done.output
+    assert done.output.strip() == f"already resolved: {found}"
+    assert rows(db_url, "SELECT count(*) FROM hookledger.ledger WHERE source = 'admin'") == [
+        (0,)]
