@@ -542,8 +542,8 @@ def fold_invoice(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrep
         if held is None or _block_newer(order, held):
             state[name] = value
             marks[name] = order
-            if name == "amount_due":  # as reported: the row may show it unknown (below)
-                marks[DUE_AS_REPORTED] = _amount_text(value)
+            if name == "amount_due":  # as reported (its spelling too): the row may show
+                marks[DUE_AS_REPORTED] = format(value, "f")  # it unknown (below)
             if name == "last_event":
                 state["updated_at"] = event.occurred_at
     if block and (state["block_key"] is None or _block_newer(order, state["block_key"])):
@@ -590,7 +590,11 @@ def _amount_due_now(state: Row, marks: dict[str, Any]) -> Decimal | None:
     the amounts of one event are the provider's word together (a write-off may leave
     nothing due with less paid than the total): only a due older than them is doubted."""
     reported = marks.get(DUE_AS_REPORTED)
-    due = Decimal(reported) if isinstance(reported, str) else state["amount_due"]
+    if not isinstance(reported, str) and state["amount_due"] is not None:
+        # a row folded before the reported due was kept apart shows the reported one: kept
+        # now, before it may be shown unknown, so that a later event can bring it back
+        marks[DUE_AS_REPORTED] = reported = format(state["amount_due"], "f")
+    due = Decimal(reported) if isinstance(reported, str) else None
     total, paid = state["total"], state["amount_paid"]
     due_mark = _held_mark(marks, "amount_due")
     if due is None or total is None or paid is None or due_mark is None \
