@@ -190,6 +190,22 @@ class Settings(BaseSettings):
                                  "no NUL")
         return secrets
 
+    @field_validator("admin_token")
+    @classmethod
+    def _admin_token(cls, value: SecretStr | None) -> SecretStr | None:
+        """Spaces around the token are layout (a presented token is stripped too); a
+        character outside printable ASCII could never match, since an HTTP header holds
+        none (every call to ``/api`` was 401 with nothing said). Never echoed."""
+        if value is None:
+            return None
+        token = value.get_secret_value().strip()
+        if not token:
+            return None
+        if not all(" " <= char <= "~" for char in token):
+            raise ValueError("the admin token must be printable ASCII (a bearer token); one "
+                             "character is not")
+        return SecretStr(token)
+
     @field_validator("chat_error_causes", mode="before")
     @classmethod
     def _chat_causes(cls, value: Any) -> dict[str, int]:

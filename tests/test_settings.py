@@ -295,3 +295,24 @@ def test_a_misspelt_variable_stops_a_command_rather_than_being_ignored(
     assert ("HOOKLEDGER_GENERAL_SECRET: no such setting "
             "(did you mean HOOKLEDGER_GENERAL_SECRETS?)") in result.output
     assert "whsec-not-to-be-echoed" not in result.output
+
+
+def test_the_admin_token_is_stripped_and_one_no_header_can_carry_is_refused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The presented token was stripped and the configured one not, so a token set with a
+    trailing newline never matched; nor could one with a character outside ASCII (headers
+    are latin-1): every /api call was 401 with nothing said."""
+    monkeypatch.setenv("HOOKLEDGER_ADMIN_TOKEN", "  admin-tok-7\n")
+    token = Settings().admin_token
+    assert token is not None and token.get_secret_value() == "admin-tok-7"
+    from click.testing import CliRunner
+
+    from hookledger.cli import main
+
+    monkeypatch.setenv("HOOKLEDGER_ADMIN_TOKEN", "tøken-secret")
+    with pytest.raises(ValidationError, match="admin_token"):
+        Settings()
+    result = CliRunner().invoke(main, ["db", "url"])
+    assert result.exit_code == 2, result.output
+    assert "HOOKLEDGER_ADMIN_TOKEN" in result.output and "printable ASCII" in result.output
+    assert "tøken" not in result.output
