@@ -44,8 +44,9 @@ DATABASE_NAME = "hookledger"
 SUPERUSER = "postgres"
 _PORT = 5432  # only names the socket file; nothing listens on TCP
 _SOCKET_PATH_MAX = 100  # sun_path is 108 bytes; keep room for ".s.PGSQL.5432"
-# what a socket folder may hold to go into a URL and a quoted server option as it is
-_SAFE_PATH = re.compile(r"[A-Za-z0-9/._+-]+")
+# what a socket folder cannot hold: the server option names it in single quotes (through
+# pg_ctl's shell) in a comma-separated list; the URL's host is percent-encoded instead
+_UNSAFE_FOR_SERVER = re.compile(r"[',\\\"\x00-\x1f]")
 _START_TIMEOUT_S = 60
 
 # What every embedded server runs with unless ``server_settings`` says otherwise, each from
@@ -242,15 +243,18 @@ class EmbeddedPostgres:
     @property
     def socket_dir(self) -> Path:
         preferred = self.root / "run"
-        # a space, '&', '%' or quote in the home (or the working directory, the default
-        # home's) broke the URL libpq reads ("unexpected spaces found") and the quoted
-        # server option: every command failed. Such a folder is not the socket's
-        if len(str(preferred)) <= _SOCKET_PATH_MAX and _SAFE_PATH.fullmatch(str(preferred)):
+        # a quote, comma or backslash in the home (or the working directory, the default
+        # home's) would break the server's option: such a folder is not the socket's
+        if len(str(preferred)) <= _SOCKET_PATH_MAX \
+                and not _UNSAFE_FOR_SERVER.search(str(preferred)):
             return preferred
         digest = hashlib.sha256(str(self.root).encode()).hexdigest()[:16]
         return Path("/tmp") / f"hookledger-{digest}"
 
     def url(self, database: str = DATABASE_NAME) -> str:
+        # encoded: a space, '&' or '%' in the home (or the working directory, the default
+        # home's) went into the URL as it was, and libpq refused it ("unexpected spaces
+        # found", "invalid percent-encoded token"): every command failed
         host = quote(str(self.socket_dir), safe="/")
         return f"postgresql://{SUPERUSER}@/{database}?host={host}&port={_PORT}"
 

@@ -127,18 +127,30 @@ def test_a_password_with_an_unescaped_at_sign_is_not_shown_in_the_message(
     assert "Tr0ub4dor" not in result.output and "horse-staple" not in result.output
 
 
-def test_a_home_whose_path_holds_a_space_or_url_characters_serves(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("folder", "socket_in_home"), [("my home & 100%", True),
+                                                       ("it's, mine", False)])
+def test_a_home_whose_path_holds_a_space_or_url_characters_serves(
+        folder: str, socket_in_home: bool) -> None:
     """The socket folder under such a home went into the URL as it was: libpq refused it
     ("unexpected spaces found", "invalid percent-encoded token"), so every command failed
-    with a traceback, and ``db url`` printed a URL psql could not take."""
-    home = tmp_path / "my home & 100%"
+    with a traceback, and ``db url`` printed a URL psql could not take. A quote or comma,
+    which the server's option cannot hold, puts the socket under /tmp instead."""
+    import shutil
+    import tempfile
+
+    top = Path(tempfile.mkdtemp(prefix="hl "))  # short: the socket may stay in the home
+    home = top / folder
     home.mkdir()
     server = EmbeddedPostgres(home)
-    url = server.start()
     try:
-        assert psycopg.conninfo.conninfo_to_dict(url)["host"] == str(server.socket_dir)
-        with psycopg.connect(url) as conn:
-            assert conn.execute("SELECT 1").fetchone() == (1,)
+        assert (server.socket_dir == server.root / "run") is socket_in_home
+        url = server.start()
+        try:
+            assert psycopg.conninfo.conninfo_to_dict(url)["host"] == str(server.socket_dir)
+            with psycopg.connect(url) as conn:
+                assert conn.execute("SELECT 1").fetchone() == (1,)
+        finally:
+            server.stop()
+        assert not postgres_running(home)
     finally:
-        server.stop()
-    assert not postgres_running(home)
+        shutil.rmtree(top, ignore_errors=True)
