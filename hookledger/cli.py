@@ -147,13 +147,14 @@ def _migrate_and_check(url: str) -> None:
     from hookledger.isolation import database_isolation_concern
 
     migrate.upgrade(url)
-    for event, check in (("database.collation_not_c", database_collation_concern),
-                         ("database.isolation_not_read_committed",
-                          database_isolation_concern)):
-        try:
-            concern = check(url)
-        except psycopg.Error:
-            continue
+    try:  # both checks on one new session: a start-up connection, not one per check
+        with psycopg.connect(url, connect_timeout=10) as conn:
+            concerns = [("database.collation_not_c", database_collation_concern(conn)),
+                        ("database.isolation_not_read_committed",
+                         database_isolation_concern(conn))]
+    except psycopg.Error:
+        return
+    for event, concern in concerns:
         if concern:
             log.warning(event, reason=concern)
 

@@ -49,8 +49,7 @@ def collation_concern(collate: str, provider: str | None, locale: str | None) ->
             "database before serving")
 
 
-def database_collation_concern(url: str) -> str | None:
-    """:func:`collation_concern` for the database at ``url``."""
-    with psycopg.connect(url, connect_timeout=10) as conn:
-        row: Any = conn.execute(COLLATION_SQL).fetchone()
+def database_collation_concern(conn: psycopg.Connection[Any]) -> str | None:
+    """:func:`collation_concern` for the database ``conn`` is connected to."""
+    row: Any = conn.execute(COLLATION_SQL).fetchone()
     return collation_concern(str(row[0]), row[1], row[2]) if row else None

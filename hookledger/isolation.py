@@ -12,6 +12,8 @@ hookledger cannot tell a pooler from a server, so such a default is warned about
 
 from __future__ import annotations
 
+from typing import Any
+
 import psycopg
 
 SAFE_LEVELS = frozenset({"read committed", "read uncommitted"})  # the latter is the former
@@ -31,9 +33,8 @@ def isolation_concern(level: str) -> str | None:
             "connect hookledger directly or in session mode")
 
 
-def database_isolation_concern(url: str) -> str | None:
-    """:func:`isolation_concern` for the default a new session at ``url`` starts with."""
-    with psycopg.connect(url, connect_timeout=10) as conn:
-        row = conn.execute("SELECT current_setting('default_transaction_isolation')"
-                           ).fetchone()
+def database_isolation_concern(conn: psycopg.Connection[Any]) -> str | None:
+    """:func:`isolation_concern` for the default ``conn``'s session started with (one of
+    hookledger's own, pinned by :func:`ledger.store.read_committed`, says nothing)."""
+    row = conn.execute("SELECT current_setting('default_transaction_isolation')").fetchone()
     return isolation_concern(str(row[0])) if row else None

@@ -83,7 +83,8 @@ def _migrate(url: str, home: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 def test_migrate_warns_of_a_locale_collation_and_still_migrates(
         locale_db: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     url, locale = locale_db
-    assert database_collation_concern(url) is not None
+    with psycopg.connect(url) as conn:
+        assert database_collation_concern(conn) is not None
     output = _migrate(url, tmp_path, monkeypatch)
     assert "database.collation_not_c" in output
     assert repr(locale) in output
@@ -94,7 +95,8 @@ def test_migrate_warns_of_a_locale_collation_and_still_migrates(
 
 def test_migrate_says_nothing_of_a_c_database(
         c_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert database_collation_concern(c_db) is None
+    with psycopg.connect(c_db) as conn:
+        assert database_collation_concern(conn) is None
     output = _migrate(c_db, tmp_path, monkeypatch)
     assert "collation" not in output
     assert "migrations applied" in output

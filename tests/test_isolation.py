@@ -49,4 +49,5 @@ def test_migrate_warns_of_a_default_isolation_a_pooler_would_leave_appends_at(
     assert "migrations applied" in result.output
     warned = "database.isolation_not_read_committed" in result.output
     assert warned is (level != "read committed")
-    assert (database_isolation_concern(url) is not None) is warned
+    with psycopg.connect(url) as conn:
+        assert (database_isolation_concern(conn) is not None) is warned
