@@ -75,6 +75,27 @@ def service(db_url: str, sandbox: Sandbox, tmp_path: Path) -> Iterator[str]:
         yield base
 
 
+class IssuingOnce:
+    """A stand-in for the provider's rotate call, for the order of a rotation's own steps
+    (what HTTP does is the sandbox's tests'): it issues ``secret``, once ``after`` is set
+    when it is given."""
+
+    def __init__(self, secret: str, *, after: asyncio.Event | None = None) -> None:
+        self._secret = secret
+        self._after = after
+
+    async def __aenter__(self) -> IssuingOnce:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        return None
+
+    async def rotate_secret(self, phone_number_id: str) -> str:
+        if self._after is not None:
+            await self._after.wait()
+        return self._secret
+
+
 def admin_rotate(base: str, phone: str = PHONE, token: str = ADMIN_TOKEN) -> httpx.Response:
     return httpx.post(f"{base}/api/chat/{phone}/rotate-secret",
                       headers={"authorization": f"Bearer {token}"}, timeout=30)
@@ -469,16 +490,9 @@ def test_a_caller_who_hangs_up_still_gets_an_unstored_secret_rescued(tmp_path: P
         issued = asyncio.Event()
         stored = asyncio.Event()
 
-        class Api:
-            async def __aenter__(self) -> Api:
-                return self
-
-            async def __aexit__(self, *_: object) -> None:
-                return None
-
-            async def rotate_secret(self, phone_number_id: str) -> str:
-                await issued.wait()  # the provider answers after the caller hung up
-                return "issued-once-never-again-7"
+        # the provider answers after the caller hung up
+        def api() -> IssuingOnce:
+            return IssuingOnce("issued-once-never-again-7", after=issued)
 
         class Secrets:
             @contextlib.asynccontextmanager
@@ -489,7 +503,7 @@ def test_a_caller_who_hangs_up_still_gets_an_unstored_secret_rescued(tmp_path: P
                 stored.set()
                 raise LedgerUnavailable("the database is away")
 
-        ops = ChatOps(Secrets(), None, tmp_path, Api)  # type: ignore[arg-type]
+        ops = ChatOps(Secrets(), None, tmp_path, api)  # type: ignore[arg-type]
         app = SimpleNamespace(state=SimpleNamespace(chat_ops=ops))
         request = Request({"type": "http", "app": app, "method": "POST", "headers": [],
                            "path_params": {"phone_number_id": PHONE}})
@@ -521,16 +535,6 @@ def test_a_store_the_database_never_answers_is_rescued_in_bounded_time(
     async def scenario() -> list[Path]:
         releasing = asyncio.Event()
 
-        class Api:
-            async def __aenter__(self) -> Api:
-                return self
-
-            async def __aexit__(self, *_: object) -> None:
-                return None
-
-            async def rotate_secret(self, phone_number_id: str) -> str:
-                return "issued-once-never-again-9"
-
         class Secrets:
             @contextlib.asynccontextmanager
             async def rotation_lock(self, _: str) -> AsyncIterator[None]:
@@ -544,8 +548,11 @@ def test_a_store_the_database_never_answers_is_rescued_in_bounded_time(
                 await asyncio.sleep(3600)  # a database that does not answer
                 raise AssertionError("not reached")
 
-        ops = ChatOps(Secrets(), None, tmp_path, Api)  # type: ignore[arg-type]
-        work = asyncio.create_task(rotate_or_rescue(ops, Api, PHONE))  # type: ignore[arg-type]
+        def api() -> IssuingOnce:
+            return IssuingOnce("issued-once-never-again-9")
+
+        ops = ChatOps(Secrets(), None, tmp_path, api)  # type: ignore[arg-type]
+        work = asyncio.create_task(rotate_or_rescue(ops, api, PHONE))  # type: ignore[arg-type]
         await asyncio.wait_for(releasing.wait(), 5)
         kept = list(tmp_path.glob("rescued-secrets/*"))
         work.cancel()
