@@ -27,6 +27,14 @@ class TimedState(CountingState):
         return super().record(reference)
 
 
+def look_up_once(url: str, *references: str) -> list[Lookup]:
+    """Each of ``references`` asked once, in turn, by a client of one attempt."""
+    async def look_up() -> list[Lookup]:
+        async with ReferenceClient(url, API_KEY, max_attempts=1, seed=1) as client:
+            return [await client.lookup(reference) for reference in references]
+    return asyncio.run(look_up())
+
+
 @pytest.mark.parametrize("max_attempts", [3, 1])
 def test_a_429_pauses_every_lookup_for_its_retry_after_not_only_its_own(
         max_attempts: int) -> None:
@@ -73,12 +81,8 @@ def test_an_answer_past_the_size_bound_is_read_no_further() -> None:
     state.put_record("HUGE-1", {**huge, "note": "x" * (MAX_ANSWER_BYTES + 1)})
     state.record_general(body("payment.confirmed", 91000, reference="FINE-1", amount=100))
 
-    async def look_up(url: str) -> list[Lookup]:
-        async with ReferenceClient(url, API_KEY, max_attempts=1, seed=1) as client:
-            return [await client.lookup(ref) for ref in ("HUGE-1", "FINE-1")]
-
     with running_sandbox(state=state) as api:
-        big, fine = asyncio.run(look_up(api.url))
+        big, fine = look_up_once(api.url, "HUGE-1", "FINE-1")
     assert (big.kind, big.error) == ("error", "too_large"), big
     assert fine.kind == "found" and fine.record is not None
 
@@ -112,12 +116,8 @@ def test_a_reference_of_dots_is_asked_about_as_itself(reference: str) -> None:
     state.record_general(body("payment.confirmed", 91000, reference=reference, amount=100))
     state.record_general(body("payment.failed", 91050, reference="PAY-1", amount=100))
 
-    async def look_up(url: str) -> Lookup:
-        async with ReferenceClient(url, API_KEY, max_attempts=1, seed=1) as client:
-            return await client.lookup(reference)
-
     with running_sandbox(state=state) as api:
-        lookup = asyncio.run(look_up(api.url))
+        [lookup] = look_up_once(api.url, reference)
     assert lookup.kind == "found" and lookup.record is not None, lookup
     assert (lookup.record.reference, lookup.record.outcome) == (reference, "success")
 
@@ -134,12 +134,8 @@ def test_a_record_that_says_no_state_is_a_mapping_error_not_a_pending_payment(
     state.put_record("BARE-1", data)
     state.put_record("SAYS-1", {"reference": "SAYS-1", "status": "PENDING"})
 
-    async def look_up(url: str) -> list[Lookup]:
-        async with ReferenceClient(url, API_KEY, max_attempts=1, seed=1) as client:
-            return [await client.lookup(ref) for ref in ("BARE-1", "SAYS-1")]
-
     with running_sandbox(state=state) as api:
-        bare, says = asyncio.run(look_up(api.url))
+        bare, says = look_up_once(api.url, "BARE-1", "SAYS-1")
     assert (bare.kind, bare.error) == ("error", "mapping"), bare
     assert "no status, event or code" in (bare.detail or "")
     assert says.kind == "found" and says.record is not None
