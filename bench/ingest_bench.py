@@ -118,7 +118,8 @@ def write_presigned(folder: Path, tag: str, count: int, threads: int) -> str:
     thread's ``init`` before starting that thread, and counts from when the last one has
     started. Building 190,000 requests in Lua took 2.5 s a thread on the 2-core machine,
     while the first thread's load, already running, was counted against a window that began
-    after it (up to 8% on a 15 s rate); reading them takes 0.6 s.
+    after it (up to 8% on a 15 s rate); reading them takes 0.6 s, and no thread sends until
+    every thread has read its own (bench/wrk_presigned.lua).
     """
     prefix = folder / tag
     files = [open(f"{prefix}.{t}", "wb") for t in range(threads)]
@@ -174,8 +175,11 @@ def wrk_load(label: str, port: int, prefix: str, seconds: float, connections: in
              threads: int) -> Load:
     out = subprocess.run(
         ["wrk", f"-t{threads}", f"-c{connections}", f"-d{max(1, round(seconds))}s",
-         "--timeout", "10s", "-s", str(LUA), f"http://127.0.0.1:{port}", "--", prefix],
+         "--timeout", "10s", "-s", str(LUA), f"http://127.0.0.1:{port}", "--", prefix,
+         str(threads)],
         check=True, capture_output=True, text=True).stdout
+    for t in range(threads):  # each thread's "ready" marker (bench/wrk_presigned.lua)
+        Path(f"{prefix}.ready.{t}").unlink(missing_ok=True)
     line = next(x for x in out.splitlines() if x.startswith("{"))
     r = json.loads(line)
     if r["exhausted"]:
@@ -441,14 +445,16 @@ def measure(seconds: float, connections: int, scale_events: int, fixed_rate: int
         def load(label: str, port: int, tag: str, count: int) -> Load:
             measured = count == per_run
             duration = seconds if measured else max(1.0, seconds / 4)
+            if use_wrk and not measured:  # a warm-up: enough distinct deliveries for it all
+                count = int(ceiling * duration)
+            # written before the quiesce: 435 MiB of requests written after it were written
+            # back by the kernel during the load on a machine with little memory to cache them
+            prefix = write_presigned(folder, tag, count, threads) if use_wrk else ""
             if measured:
                 quiesce(url)
-            elif use_wrk:  # a warm-up: enough distinct deliveries for its whole duration
-                count = int(ceiling * duration)
             # cores busy and CPU per delivery, so a ratio can be read as both
             # (bench/machine_cpu.py)
             if use_wrk:
-                prefix = write_presigned(folder, tag, count, threads)
                 before = checkpoint_activity(url)
                 with MachineCpu(duration) as machine:
                     result = wrk_load(label, port, prefix, duration, connections, threads)
