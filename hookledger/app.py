@@ -42,7 +42,7 @@ from ingest.responses import Accepted
 from ingest.spool import Spool, database_folder
 from ingest.spool_drain import SpoolDrainer
 from ledger import LedgerStore
-from ledger.store import database_identity, read_committed
+from ledger.store import database_identity, ready_to_append
 from projections.live import LiveProjector, application_name
 
 log = structlog.get_logger("hookledger.service")
@@ -120,7 +120,7 @@ def create_app(settings: Settings, database_url: str, *,
             pool = AsyncConnectionPool(
                 database_url, min_size=2, max_size=settings.db_pool_size, open=False,
                 kwargs={"autocommit": True, "application_name": "hookledger-ingest"},
-                name="hookledger", configure=read_committed,
+                name="hookledger", configure=ready_to_append,
             )
             await pool.open(wait=True, timeout=30)
             stack.push_async_callback(pool.close)

@@ -40,7 +40,7 @@ from ingest.chat_rotation import (
 )
 from ingest.chat_secrets import ChatSecretStore, valid_phone_number_id
 from ledger import LedgerStore
-from ledger.store import read_committed
+from ledger.store import ready_to_append
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -87,7 +87,7 @@ async def _open_pool(url: str) -> AsyncConnectionPool:
     """A small pool, checked before the provider is called: a dead database stops us early."""
     pool = AsyncConnectionPool(url, min_size=1, max_size=2, open=False,
                                kwargs={"autocommit": True}, name="hookledger-chat",
-                               configure=read_committed)
+                               configure=ready_to_append)
     try:
         await pool.open(wait=True, timeout=15)
     except Exception as exc:  # noqa: BLE001 - reported by type

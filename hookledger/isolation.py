@@ -1,7 +1,7 @@
 """Whether the database's default isolation could fork the hash chain behind a pooler.
 
 The append trigger chains each event to the newest one committed when it takes the append
-lock, which only a READ COMMITTED statement sees (:func:`ledger.store.read_committed`).
+lock, which only a READ COMMITTED statement sees (:func:`ledger.store.ready_to_append`).
 hookledger pins each of its sessions to READ COMMITTED with a session ``SET``, which holds
 on a direct connection but not behind a connection pooler in transaction mode (PgBouncer):
 there a later transaction runs on another server connection, at the database's or role's
@@ -35,6 +35,6 @@ def isolation_concern(level: str) -> str | None:
 
 def database_isolation_concern(conn: psycopg.Connection[Any]) -> str | None:
     """:func:`isolation_concern` for the default ``conn``'s session started with (one of
-    hookledger's own, pinned by :func:`ledger.store.read_committed`, says nothing)."""
+    hookledger's own, pinned by :func:`ledger.store.ready_to_append`, says nothing)."""
     row = conn.execute("SELECT current_setting('default_transaction_isolation')").fetchone()
     return isolation_concern(str(row[0])) if row else None

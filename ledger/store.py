@@ -106,19 +106,29 @@ async def translated_errors() -> AsyncIterator[None]:
         raise LedgerError(f"database error: {type(exc).__name__}") from exc
 
 
-async def read_committed(conn: psycopg.AsyncConnection[Any]) -> None:
-    """Pin this session to READ COMMITTED, whatever the server's or the database's default
-    (``default_transaction_isolation``): call it on every connection that appends.
+async def ready_to_append(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Pin what an appending session needs, whatever the server's, the database's or the
+    role's defaults: call it on every connection that appends. Once per connection, in one
+    round trip: nothing is added to an append.
 
-    The append trigger finds the event a new one chains to with a query it runs after
-    taking the append lock. Under READ COMMITTED that query takes a fresh snapshot, so it
-    sees every event committed before the lock was granted. Under REPEATABLE READ or
-    SERIALIZABLE (a default some teams set) it reads the transaction's first snapshot: an
-    event another session committed since is passed over, the new hash chains to the one
-    before it, and ``hookledger verify`` calls an untouched ledger tampered with. Once per
-    connection: nothing is added to an append.
+    READ COMMITTED (``default_transaction_isolation``): the append trigger finds the event a
+    new one chains to with a query it runs after taking the append lock. Under READ
+    COMMITTED that query takes a fresh snapshot, so it sees every event committed before the
+    lock was granted. Under REPEATABLE READ or SERIALIZABLE (a default some teams set) it
+    reads the transaction's first snapshot: an event another session committed since is
+    passed over, the new hash chains to the one before it, and ``hookledger verify`` calls
+    an untouched ledger tampered with.
+
+    Durable commits (``synchronous_commit``): a default of ``off`` (a common tuning) returns
+    from a commit before its WAL is flushed, so a delivery was answered ``200`` before it was
+    durable and a crash of the server lost it, while the general system never sends it again.
+    Only ``off`` is raised (to ``on``); ``local`` flushes locally, and the ``remote_*``
+    levels, chosen for a standby, are kept.
     """
-    await conn.execute("SET default_transaction_isolation = 'read committed'")
+    await conn.execute(
+        "SELECT set_config('default_transaction_isolation', 'read committed', false), "
+        "set_config('synchronous_commit', CASE current_setting('synchronous_commit') "
+        "WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, false)")
 
 
 # How long a session that appends inside longer transactions (the projector, a

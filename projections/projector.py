@@ -36,8 +36,8 @@ from ledger.store import (
     IDLE_IN_TRANSACTION_S,
     append_in,
     end_if_idle_in_transaction,
-    read_committed,
     read_in,
+    ready_to_append,
 )
 from projections.folding import Discrepancy
 from projections.malformed import malformed_discrepancy
@@ -76,9 +76,9 @@ FOLD_ALLOWANCE_S_PER_EVENT = 0.001
 
 async def connect(url: str, *, application_name: str | None = None,
                   idle_in_transaction_s: float = IDLE_IN_TRANSACTION_S) -> Connection:
-    """A connection set up for folding: autocommit, orjson, READ COMMITTED (see
-    :func:`ledger.store.read_committed`), sessions in UTC, and never left idle inside a
-    transaction that holds the append lock for longer than ``idle_in_transaction_s``
+    """A connection set up for folding: autocommit, orjson, READ COMMITTED and durable
+    commits (see :func:`ledger.store.ready_to_append`), sessions in UTC, and never left idle
+    inside a transaction that holds the append lock for longer than ``idle_in_transaction_s``
     (:func:`ledger.store.end_if_idle_in_transaction`; 0: no bound, for a caller that
     appends nothing and may fold for minutes between two statements).
 
@@ -88,7 +88,7 @@ async def connect(url: str, *, application_name: str | None = None,
     extra: dict[str, Any] = {"application_name": application_name} if application_name else {}
     conn = await psycopg.AsyncConnection.connect(url, autocommit=True, connect_timeout=10,
                                                  **extra)
-    await read_committed(conn)  # its batches append discrepancies
+    await ready_to_append(conn)  # its batches append discrepancies
     await end_if_idle_in_transaction(conn, idle_in_transaction_s)
     await ready_for_folding(conn)
     return conn

@@ -31,7 +31,7 @@ from ledger.store import (
     end_if_idle,
     end_if_idle_in_transaction,
     positions_by_key,
-    read_committed,
+    ready_to_append,
 )
 from projections.folding import Discrepancy
 from projections.general_folds import cancelled_with_money
@@ -190,7 +190,7 @@ class Reconciler:
             if not (row and row[0]):
                 result.skipped = True
                 return result
-            await read_committed(conn)  # a pass appends
+            await ready_to_append(conn)  # a pass appends
             await ready_for_folding(conn)  # and folds (catch_up), as the projector does
             await self._pass(conn, result, now)
             await self._observe(conn)

@@ -9,8 +9,10 @@ import random
 import uuid
 from dataclasses import replace
 from datetime import UTC, datetime
+from typing import Any
 
 import psycopg
+import psycopg.sql
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
@@ -222,13 +224,13 @@ async def test_a_session_cut_off_after_appending_in_a_transaction_stops_appends_
     session, idle in that transaction, holding the append lock, and every append waits.
     Bounded, the server ends it and appends go on; the unbounded case shows what the bound
     is for (the append is still waiting when the test gives up on it)."""
-    from ledger.store import append_in, end_if_idle_in_transaction, read_committed
+    from ledger.store import append_in, end_if_idle_in_transaction, ready_to_append
     from tests.relay import SocketRelay
 
     relay = SocketRelay(db_url)
     cut = await psycopg.AsyncConnection.connect(relay.url, autocommit=True)
     try:
-        await read_committed(cut)
+        await ready_to_append(cut)
         if bounded:
             await end_if_idle_in_transaction(cut, 1.0)
         await cut.execute("BEGIN")
@@ -253,3 +255,47 @@ async def test_a_session_cut_off_after_appending_in_a_transaction_stops_appends_
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid <> "
                 "pg_backend_pid() AND state = 'idle in transaction' "
                 "AND datname = current_database()")
+
+
+@pytest.mark.parametrize(("default", "pinned"), [
+    ("off", "on"), ("local", "local"), ("remote_apply", "remote_apply"), ("on", "on")])
+async def test_an_appending_session_commits_durably_whatever_the_database_default(
+        db_url: str, default: str, pinned: str) -> None:
+    """``synchronous_commit = off`` set on the database (a common tuning) returned from a
+    commit before its WAL was flushed: a delivery answered 200 could be lost in a crash.
+    Only ``off`` is raised; the levels a standby setup chose are kept."""
+    from ledger.store import ready_to_append
+
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+        await conn.execute(psycopg.sql.SQL("ALTER DATABASE {} SET synchronous_commit = {}")
+                           .format(psycopg.sql.Identifier(conn.info.dbname),
+                                   psycopg.sql.Literal(default)))
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+        assert (await (await conn.execute("SHOW synchronous_commit")).fetchone()) == (default,)
+        await ready_to_append(conn)
+        shown = await (await conn.execute(
+            "SELECT current_setting('synchronous_commit'), "
+            "current_setting('default_transaction_isolation')")).fetchone()
+    assert shown == (pinned, "read committed")
+
+
+def test_the_ingest_pool_commits_durably_on_a_database_whose_default_is_off(
+        db_url: str, tmp_path: Any) -> None:
+    """The pool ``serve`` answers deliveries from, not only the function it is set up with."""
+    from starlette.testclient import TestClient
+
+    from hookledger.app import create_app
+    from hookledger.settings import Settings
+
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(psycopg.sql.SQL("ALTER DATABASE {} SET synchronous_commit = off")
+                     .format(psycopg.sql.Identifier(conn.info.dbname)))
+    app = create_app(Settings(database_url=db_url, home=tmp_path), db_url)
+
+    async def pool_setting() -> str:
+        async with app.state.runtime.pool.connection() as conn:
+            row = await (await conn.execute("SHOW synchronous_commit")).fetchone()
+            return str(row[0])
+
+    with TestClient(app) as client:
+        assert client.portal.call(pool_setting) == "on"
