@@ -340,13 +340,22 @@ def test_a_chat_event_the_database_refuses_is_kept_by_its_raw_bytes_not_refused(
 
 
 def test_a_stale_but_genuine_delivery_is_refused_as_stale(service: str, db_url: str) -> None:
-    raw = encode(inbound())
+    """Refused, but recorded as the authentic delivery it is: verified, and its body kept
+    past the 1 KiB an unverified one keeps."""
+    raw = encode(inbound(text={"body": "x" * 3000}))
     for t in (int(time.time()) - 400, int(time.time()) + 400):
         answer = post(service, PHONE, raw, secret=SECRETS[PHONE], t=t)
         assert answer.status_code == 401 and answer.json()["reason"] == "stale_timestamp"
-    assert rows(db_url, "SELECT reason FROM hookledger.rejected_deliveries") == [
-        ("stale_timestamp",), ("stale_timestamp",)]
+    assert rows(db_url, "SELECT reason, verified, body_prefix, body_size "
+                        "FROM hookledger.rejected_deliveries") == [
+        ("stale_timestamp", True, raw, len(raw))] * 2
     assert count(db_url) == 0
+    forged = post(service, PHONE, raw, secret="not-the-secret", t=int(time.time()) - 400)
+    assert forged.json()["reason"] == "bad_signature"
+    [(verified, kept)] = rows(db_url, "SELECT verified, octet_length(body_prefix) "
+                                      "FROM hookledger.rejected_deliveries "
+                                      "WHERE reason = 'bad_signature'")
+    assert (verified, kept) == (False, 1024)
 
 
 def test_an_unavailable_ledger_is_503_never_200(service: str, db_url: str) -> None:
