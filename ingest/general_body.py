@@ -319,8 +319,10 @@ def _malformed(body: dict[str, Any], error: BodyError) -> GeneralDelivery:
                            _usable_reference(body))
 
 
-# the per-URL field, as text: a signature value holds no quote or backslash
-_PAYLOAD_SIGNATURE = re.compile(rb'"payloadSignature"\s*:\s*"[^"\\]*"')
+# the per-URL field, as text, to the end of its JSON string: escapes included, since an
+# encoder may write a base64 signature's ``/`` as ``\/`` (PHP's does), and a value cut at
+# the escape left each URL's copy a key of its own
+_PAYLOAD_SIGNATURE = re.compile(rb'"payloadSignature"\s*:\s*"(?:[^"\\]|\\.)*"', re.DOTALL)
 
 
 def unstorable_general(raw: bytes, error: BodyError) -> GeneralDelivery:

@@ -345,3 +345,37 @@ def test_numbers_of_up_to_28_digits_keep_the_spelling_keys_were_made_with(
     if isinstance(value, Decimal) and len(value.as_tuple().digits) > 28:
         return
     assert number_text(value) == format(Decimal(value).normalize(), "f")
+
+
+UNSTORABLE_WITH = ('{{"timestamp":"20261122083000","reference":"R-DUPKEY","amount":1000,'
+                   '"status":"SUCCESSFUL","status":"SUCCESSFUL","event":"payment.confirmed",'
+                   '"code":91000,"message":"Paid","payloadSignature":{}}}')
+
+
+@given(st.text(), st.text(), st.booleans())
+def test_an_unstorable_copy_through_each_url_is_one_event_whatever_its_signature_holds(
+        first: str, second: str, escape_slashes: bool) -> None:
+    """Only ``payloadSignature`` differs between the URLs' copies: however their encoder
+    spells it (``\\/`` for a base64 ``/``, escaped quotes, unicode escapes), one key."""
+    from ingest.general_body import unstorable_general
+
+    def copy(signature: str) -> bytes:
+        text = json.dumps(signature)
+        return UNSTORABLE_WITH.format(text.replace("/", "\\/") if escape_slashes
+                                      else text).encode()
+
+    error = BodyError("duplicate_json_key", "key 'status' appears twice")
+    keys = {unstorable_general(copy(s), error).dedupe_key for s in (first, second)}
+    assert len(keys) == 1
+    other = UNSTORABLE_WITH.replace("R-DUPKEY", "R-OTHER").format('"x"').encode()
+    assert unstorable_general(other, error).dedupe_key not in keys
+
+
+def test_a_php_escaped_base64_signature_is_blanked_whole() -> None:
+    from ingest.general_body import unstorable_general
+
+    error = BodyError("duplicate_json_key", "key 'status' appears twice")
+    primary = UNSTORABLE_WITH.format('"aGVsbG8\\/d29ybGQ+MQ=="').encode()
+    backup = UNSTORABLE_WITH.format('"Zm9vYmFy\\/YmF6+Mg=="').encode()
+    assert unstorable_general(primary, error).dedupe_key == \
+        unstorable_general(backup, error).dedupe_key
