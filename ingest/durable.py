@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import BinaryIO, cast
 
 
 def fsync_folder(folder: Path) -> None:
@@ -16,13 +17,28 @@ def fsync_folder(folder: Path) -> None:
         os.close(dir_fd)
 
 
-def durable_folder(folder: Path) -> None:
+def durable_folder(folder: Path, *, mode: int = 0o777) -> None:
     """``mkdir -p`` whose names survive a power cut: a file fsynced inside a folder whose
     own name was never written is lost with it (the spool's folder, made at start-up on a
     new home with the home too; a media file's new two-character folder). Its parent is
     fsynced even when it already existed: a process that died before doing so may have
-    left it only in the page cache."""
+    left it only in the page cache. ``mode`` is the folder's own when this makes it (less
+    the umask); an existing folder keeps its own."""
     made = [parent for parent in folder.parents if not parent.exists()]
-    folder.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(mode=mode, parents=True, exist_ok=True)
     for name in (folder, *made):
         fsync_folder(name.parent)
+
+
+def open_private(path: Path, flags: str) -> BinaryIO:
+    """Open ``path`` for writing (``"xb"`` or ``"ab"``), a new file readable by its owner
+    alone, whatever the umask: the spool's files hold whole delivery bodies (customers'
+    names, phone numbers, amounts)."""
+    mode = {"xb": os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+            "ab": os.O_WRONLY | os.O_CREAT | os.O_APPEND}[flags]
+    fd = os.open(path, mode | os.O_CLOEXEC, 0o600)
+    try:
+        return cast(BinaryIO, os.fdopen(fd, flags))
+    except BaseException:
+        os.close(fd)
+        raise

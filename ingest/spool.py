@@ -47,7 +47,7 @@ from typing import Any, BinaryIO
 
 import structlog
 
-from ingest.durable import durable_folder, fsync_folder
+from ingest.durable import durable_folder, fsync_folder, open_private
 from ledger import NewEvent
 from ledger.jsonenc import dumps
 
@@ -153,7 +153,7 @@ class Spool:
                  legacy: Path | None = None) -> None:
         self.folder = folder
         self.legacy = legacy  # where files of releases without per-database folders lie
-        durable_folder(folder)
+        durable_folder(folder, mode=0o700)  # its files hold whole delivery bodies
         self._owner = owner  # None: this process's id (tests give two spools two owners)
         self._start = os.urandom(4).hex()  # this process start's own names (see above)
         self._generation = 0
@@ -216,7 +216,7 @@ class Spool:
             if path.exists():
                 continue
             try:
-                handle = open(hidden, "xb")
+                handle = open_private(hidden, "xb")
             except FileExistsError:
                 continue
             break
@@ -240,7 +240,7 @@ class Spool:
         """Keep an event the ledger refused, in the spool's format, for a person to look at.
         Once its spool file is drained this is the event's only copy: the file's name is
         made durable as well as its bytes (the first quarantine creates it)."""
-        with open(self.folder / QUARANTINE, "ab") as handle:
+        with open_private(self.folder / QUARANTINE, "ab") as handle:
             handle.write(encode_event(event))
             handle.flush()
             os.fsync(handle.fileno())
