@@ -277,7 +277,7 @@ def create_app(settings: Settings, database_url: str, *,
         return PlainTextResponse(generate_latest(metrics.registry),
                                  media_type=CONTENT_TYPE_LATEST)
 
-    return WebhookFastPath(Starlette(
+    app = Starlette(
         routes=[
             Route("/webhooks/general/{name}", general_webhook, methods=["POST"]),
             Route("/webhooks/chat/{phone_number_id}", chat_webhook, methods=["POST"]),
@@ -287,7 +287,12 @@ def create_app(settings: Settings, database_url: str, *,
             *admin_routes(ADMIN_ROUTES, admin_token),
         ],
         lifespan=lifespan,
-    ))
+    )
+    # its 307 to the path without the slash is a plain-http URL (behind TLS too) that the
+    # general system never follows nor retries, and nothing of the delivery is kept:
+    # webhook paths are taken with a trailing slash by WebhookFastPath instead
+    app.router.redirect_slashes = False
+    return WebhookFastPath(app)
 
 
 Answer = Response | Accepted
@@ -304,8 +309,10 @@ class WebhookFastPath:
     middleware and router cost a tenth of a worker's time on it (measured with py-spy); its
     endpoint reads an :class:`Incoming` rather than a Starlette ``Request``. The
     routes are the same (``{param}`` is one non-empty path segment, as Starlette matches
-    it), and so is the behaviour on a bug: logged, answered 500. Other methods, paths with
-    more segments, lifespan and every other route go through Starlette as before.
+    it), and so is the behaviour on a bug: logged, answered 500. Every other POST path
+    under a webhook prefix goes to that endpoint too (see :func:`_one_segment`): Starlette
+    answered it with an unrecorded 404 or 307, and the general system never sends a
+    delivery again. Other methods, lifespan and every other route go through Starlette.
     """
 
     def __init__(self, app: Starlette) -> None:
@@ -319,10 +326,12 @@ class WebhookFastPath:
                 if path.startswith(prefix):
                     value = path[len(prefix):]
                     endpoint = getattr(self.app.state, name, None)
-                    if value and "/" not in value and endpoint is not None:
-                        await self._deliver(endpoint, param, value, scope, receive, send)
-                        return
-                    break
+                    if endpoint is None:  # not started
+                        break
+                    if not value or "/" in value:  # off the normal path only
+                        value = _one_segment(value)
+                    await self._deliver(endpoint, param, value, scope, receive, send)
+                    return
         await self.app(scope, receive, send)
 
     async def _deliver(self, endpoint: Callable[[Incoming], Awaitable[Answer]], param: str,
@@ -337,3 +346,19 @@ class WebhookFastPath:
             log.exception("request.failed", path=scope["path"])
             response = PlainTextResponse("Internal Server Error", status_code=500)
         await response(scope, receive, send)
+
+
+def _one_segment(value: str) -> str:
+    """The path parameter of ``prefix + value`` when ``value`` is not one plain segment.
+
+    One trailing slash is dropped (``main/`` is ``main``): senders and proxies add one, and
+    Starlette's answer was a redirect the general system never follows. Anything else is
+    returned as it is: empty or holding a ``/``, it names no endpoint (general names and
+    chat numbers are single segments, checked at start and on lookup), so the endpoint
+    refuses it as an unknown name and records it like any other refusal.
+    """
+    if value.endswith("/"):
+        name = value[:-1]
+        if name and "/" not in name:
+            return name
+    return value

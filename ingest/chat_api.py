@@ -345,11 +345,12 @@ def webhook_path_warning(url: str, phone_number_id: str) -> str | None:
     hookledger verifies a chat delivery with the secrets of the number its path names, so a
     URL naming another number (or none) has every delivery refused (401, or 404 off the chat
     route) until the provider gives up retrying. A proxy in front may map a path of its own
-    there, so this warns rather than refuses. Call it on a URL :func:`webhook_url_problem`
-    accepted.
+    there, so this warns rather than refuses. One trailing slash is fine: the receiver
+    takes the path as without it. Call it on a URL :func:`webhook_url_problem` accepted.
     """
     expected = CHAT_WEBHOOK_PATH + phone_number_id
-    if httpx.URL(url).path.endswith(expected):
+    path = httpx.URL(url).path
+    if path.endswith(expected) or path.endswith(expected + "/"):
         return None
     return (f"the URL's path does not end in {expected}: hookledger verifies a chat delivery "
             f"with the secret of the number its path names, so deliveries sent there are "

@@ -262,6 +262,28 @@ def test_refusals_are_answered_and_recorded_with_their_reason(
     assert verified is (status in (400, 415))
 
 
+def test_a_trailing_slash_is_the_same_number(service: str, db_url: str) -> None:
+    """Starlette answered it 307 and kept nothing of it."""
+    raw = encode(inbound())
+    answer = post(service, PHONE + "/", raw, secret=SECRETS[PHONE])
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["duplicate"] is False
+    assert post(service, PHONE, raw, secret=SECRETS[PHONE]).json()["duplicate"] is True
+    assert rows(db_url, "SELECT endpoint FROM hookledger.ledger") == [(f"chat/{PHONE}",)]
+    assert rows(db_url, "SELECT count(*) FROM hookledger.rejected_deliveries") == [(0,)]
+
+
+@pytest.mark.parametrize("path", ["", f"{PHONE}/x", f"{PHONE}//"])
+def test_a_path_under_the_prefix_that_names_no_number_is_refused_and_recorded(
+        service: str, db_url: str, path: str) -> None:
+    answer = post(service, path, encode(inbound()), secret=SECRETS[PHONE])
+    assert answer.status_code == 401 and "location" not in answer.headers
+    assert answer.json() == {"status": "refused", "reason": "unknown_phone_number"}
+    assert count(db_url) == 0
+    assert rows(db_url, "SELECT endpoint, reason FROM hookledger.rejected_deliveries") == [
+        (f"chat/{path}", "unknown_phone_number")]
+
+
 def test_a_known_type_with_unreadable_fields_is_kept_flagged_and_reported(
         service: str, db_url: str) -> None:
     """The platform would send it five times and then give up: it is kept, once."""
@@ -458,7 +480,9 @@ def test_chat_threads_show_the_24_hour_window_against_the_current_time(
     ("https://hooks.example/webhooks/chat/2098765432", True),  # another number
     ("https://hooks.example/webhooks/chat/10987654321", True),
     ("https://hooks.example/x/webhooks/chat/x1098765432", True),
-    ("https://hooks.example/webhooks/chat/1098765432/", True),
+    ("https://hooks.example/webhooks/chat/1098765432/", False),  # taken as without the slash
+    ("https://hooks.example/webhooks/chat/1098765432//", True),
+    ("https://hooks.example/webhooks/chat/1098765432/x", True),
     ("https://hooks.example/webhooks/general/1098765432", True),
     ("https://hooks.example/chat", True),
     ("https://hooks.example", True),

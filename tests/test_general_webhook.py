@@ -177,6 +177,47 @@ def test_unverified_deliveries_are_refused_and_recorded(
     assert len(sha) == 64
 
 
+def test_a_trailing_slash_is_the_same_endpoint(service: str, db_url: str) -> None:
+    """Starlette answered it 307 to a plain-http URL and kept nothing; the general system
+    never retries, so a provider configured with the slash lost every delivery."""
+    raw = encode(general_body("payment.confirmed", 91000, reference="R-SLASH"))
+    answer = post(service, "primary/", raw, secret=SECRETS["primary"])
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["duplicate"] is False
+    again = post(service, "primary", raw, secret=SECRETS["primary"])
+    assert again.status_code == 200 and again.json()["duplicate"] is True
+    assert rows(db_url, "SELECT endpoint, verified_by FROM hookledger.ledger") == [
+        ("general/primary", "primary")]
+    assert rows(db_url, "SELECT count(*) FROM hookledger.rejected_deliveries") == [(0,)]
+
+
+@pytest.mark.parametrize(("name", "endpoint"), [
+    ("", "general/"),
+    ("primary/x", "general/primary/x"),
+    ("primary//", "general/primary//"),
+    ("nobody/", "general/nobody"),
+])
+def test_a_path_under_the_prefix_that_names_no_endpoint_is_refused_and_recorded(
+        service: str, db_url: str, name: str, endpoint: str) -> None:
+    """Once an unrecorded 404 (or 307): now the unknown-name refusal, kept with its body."""
+    raw = encode(general_body("payment.confirmed", 91000, reference="R-LOST"))
+    answer = post(service, name, raw, secret=SECRETS["primary"])
+    assert answer.status_code == 401 and "location" not in answer.headers
+    assert answer.json() == {"status": "refused", "reason": "unknown_endpoint"}
+    assert rows(db_url, "SELECT count(*) FROM hookledger.ledger") == [(0,)]
+    [(got_endpoint, reason, prefix)] = rows(
+        db_url, "SELECT endpoint, reason, body_prefix FROM hookledger.rejected_deliveries")
+    assert (got_endpoint, reason, bytes(prefix)) == (endpoint, "unknown_endpoint", raw)
+
+
+def test_no_route_redirects_a_trailing_slash(service: str) -> None:
+    for path in ("/healthz", "/readyz", "/metrics"):
+        assert httpx.get(f"{service}{path}").status_code == 200
+        assert httpx.get(f"{service}{path}/").status_code == 404
+    assert httpx.get(f"{service}/webhooks/general/primary/").status_code == 404
+    assert httpx.get(f"{service}/webhooks/general/primary").status_code == 405
+
+
 @pytest.mark.parametrize(("raw", "reason"), [
     (b"[1, 2, 3]", "not_an_object"),
     (b"not json", "invalid_json"),
