@@ -143,13 +143,37 @@ def outcome(event: str, code: int | None) -> Outcome:
 def code_contradicts_event(event: str, code: int | None) -> bool:
     """Whether the code and the event name say different things (whichever was read), which
     a person should hear about: a success code on a ``*.failed`` event too, whatever its
-    service."""
+    service, and a listed code of another service whose own event says something else
+    (91010, a refund, on ``payout.confirmed``; 92002, a payout approved, on
+    ``payment.confirmed``; 93003, an invoice cancelled, on ``payment.confirmed``): it
+    reads by the event name, but it is not that event's code."""
     by_event = outcome_of_event(event)
     if code is None:
         return False
     listed = _listed_outcome(event, code)
     return (outcome(event, code) != by_event or (listed is not None and listed != by_event)
-            or (by_event == "failure" and not is_failure_code(code)))
+            or (by_event == "failure" and not is_failure_code(code))
+            or _foreign_listed_code(event, code))
+
+
+def _foreign_listed_code(event: str, code: int) -> bool:
+    """A listed code of another family whose event is not of the same kind: not a success
+    of another service on a success (92000 on ``payment.confirmed`` says the same), and not
+    a Collection code on an invoice event (the spec: a payment against an invoice reports
+    its outcome with the Collection codes)."""
+    listed = CODES.get(code)
+    if listed is None or _family(listed.event) == _family(event):
+        return False
+    if _family(event) == "invoice" and _family(listed.event) == "payment":
+        return False
+    return not (_plain_success(listed.event) and _plain_success(event))
+
+
+def _plain_success(event: str) -> bool:
+    """An event that reports something done and settled: ``*.confirmed``, ``*.delivered``,
+    ``*.paid`` and the like, not a refund, an approval, a failure or a cancellation."""
+    return (outcome_of_event(event) == "success"
+            and not event.endswith((".cancelled", ".created", ".updated", ".received")))
 
 
 def _of_service(event: str, code: int) -> bool:

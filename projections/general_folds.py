@@ -143,12 +143,14 @@ def _amount_text(amount: Decimal) -> str:
 
 def _code_contradiction(subject: str, event: StoredEvent, counts_as: str,
                         at_risk: Decimal | None) -> Discrepancy:
-    """A delivery whose code contradicts its event name (the code decided)."""
+    """A delivery whose code contradicts its event name: the code decided, or (a success
+    code of another service on a ``*.failed`` event, a listed code of another family) the
+    event name did; the detail says which reading counted."""
     facts = event.facts
     return Discrepancy(
         kind="conflicting_events", subject=subject, reference=facts["reference"],
-        detail=f"code {facts.get('code')} contradicts event {facts['event']}; the code "
-               f"decides, so it counts as {counts_as}",
+        detail=f"code {facts.get('code')} contradicts event {facts['event']}; it counts as "
+               f"{counts_as}",
         amount_at_risk=at_risk, evidence=(event.dedupe_key,))
 
 

@@ -117,10 +117,27 @@ def test_a_listed_code_keeps_its_meaning_against_the_event_and_is_flagged(
     assert facts["outcome"] == outcome and facts["code_event_conflict"] is True
 
 
+@pytest.mark.parametrize(("event", "code", "outcome"), [
+    ("payout.confirmed", 91010, "success"),    # a refund's code on a payout
+    ("payment.confirmed", 92002, "success"),   # a payout approved, on a payment
+    ("payment.confirmed", 93003, "success"),   # an invoice cancelled, on a payment
+    ("payment.confirmed", 95063, "failure"),   # failure band: the band decides, as ever
+    ("sms.delivered", 92002, "success"),
+])
+def test_a_listed_code_of_another_kind_of_event_is_flagged_and_read_by_the_event(
+        event: str, code: int, outcome: str) -> None:
+    """Not this event's code, and its own event says something else: read by the event name
+    (another service's code says nothing of this payment), and a person is told."""
+    facts = read_general(body(event=event, code=code), EAT).facts
+    assert facts["outcome"] == outcome and facts["code_event_conflict"] is True
+
+
 @pytest.mark.parametrize(("event", "code"), [
     ("payment.confirmed", 91000), ("payment.confirmed", 91001), ("payment.confirmed", 91042),
     ("payout.approved", 92002), ("payout.approved", 92001), ("payout.confirmed", 92000),
     ("payment.refunded", 91010), ("payout.failed", 92057), ("payment.confirmed", 92000),
+    # invoices report a payment's outcome with the Collection codes (the spec)
+    ("invoice.updated", 91001), ("invoice.paid", 91000), ("payment.confirmed", 93002),
 ])
 def test_a_code_that_agrees_with_its_event_is_not_flagged(event: str, code: int) -> None:
     assert read_general(body(event=event, code=code), EAT).facts["code_event_conflict"] is False
