@@ -17,9 +17,13 @@ sent message, so every status of one message lands in one stream.
 * A known type whose fields have the wrong JSON types, or that lacks the id it is filed
   under, is a :class:`BodyError` naming the field; :func:`read_chat_or_malformed` keeps it
   as ``chat.malformed`` (never projected, reported as a discrepancy), because the platform
-  would send the same body five times and then give up on it. What only explains or
-  describes (``errors``, ``profileName``) is read leniently instead: a shape not expected
-  costs that detail, never the message or its status. A ``phoneNumberId`` that is
+  would send the same body five times and then give up on it. That is only for what a
+  state is decided on: the ids (``message.id``, ``status.id``, ``phoneNumberId``, and the
+  customer's ``contactWaId`` / ``message.from``, which key the thread and its 24-hour
+  window), ``type``, ``status.status`` and the times. What only explains or describes
+  (``errors``, ``wabaId``, ``profileName``, ``status.recipient_id``, the message's text or
+  media id) is read leniently instead: a shape not expected costs that detail (named in
+  ``unread_fields``), never the message or its status. A ``phoneNumberId`` that is
   not the number of the URL (whose secret verified it) is ``phone_number_mismatch``: that
   one is refused (400), as a delivery meant for another number.
 
@@ -315,9 +319,29 @@ def _check_phone_number(body: Mapping[str, Any], meta: DeliveryMeta) -> None:
     _text(body, "phoneNumberId", "")
 
 
-def _common(body: Mapping[str, Any], meta: DeliveryMeta, digest: str, *,
-            strict: bool = True) -> dict[str, Any]:
-    waba_id = (_text(body, "wabaId", "") if strict
+def _described(block: Mapping[str, Any], key: str, where: str, unread: list[str], *,
+               limit: int = MAX_ID) -> str | None:
+    """A field that only describes and decides no state: text as it is, a number as its
+    text; anything else (an object, a list, a boolean, text past ``limit``) left out and
+    named in ``unread``. Read strictly, it turned the whole delivery into ``chat.malformed``,
+    which is never projected: a ``failed`` status lost, a 24-hour window never opened."""
+    value = block.get(key)
+    if value is None:
+        return None
+    if isinstance(value, int | Decimal) and not isinstance(value, bool):
+        value = number_text(value)
+    if isinstance(value, str) and len(value) <= limit:
+        return value
+    unread.append(f"{where}{key}")
+    return None
+
+
+def _common(body: Mapping[str, Any], meta: DeliveryMeta, digest: str,
+            unread: list[str] | None = None) -> dict[str, Any]:
+    """Facts every chat delivery carries. ``wabaId`` only names the business account: read
+    leniently into ``unread`` for a delivery being read; for one kept unread (malformed,
+    unrecognised, unstorable), only text ``jsonb`` can hold is taken."""
+    waba_id = (_described(body, "wabaId", "", unread) if unread is not None
                else storable_text(body.get("wabaId"), MAX_ID))
     return {
         "waba_id": waba_id,
@@ -385,7 +409,7 @@ def _kept_malformed(body: Mapping[str, Any], meta: DeliveryMeta, error: BodyErro
                     unstorable: bool = False) -> ChatDelivery:
     """A ``chat.malformed`` event, filed with its message when its id can be found."""
     facts = {
-        **_common(body, meta, digest, strict=False),
+        **_common(body, meta, digest),
         "recognised": False,
         "malformed": True,
         **({"unstorable": True} if unstorable else {}),
@@ -408,15 +432,6 @@ def _findable_message_id(body: Mapping[str, Any]) -> str | None:
         if isinstance(candidate, str) and candidate.strip() and len(candidate) <= MAX_ID:
             return candidate
     return None
-
-
-def _profile_name(value: Any) -> str | None:
-    """The customer's display name only describes the thread: a number is taken as its
-    text and anything else unreadable left out, never costing the message (kept as
-    malformed, an inbound message opened no 24-hour window)."""
-    if isinstance(value, int | Decimal) and not isinstance(value, bool):
-        value = str(value)
-    return value if isinstance(value, str) and len(value) <= MAX_ID else None
 
 
 def _described_in(message: Mapping[str, Any], block_name: str, field: str, limit: int,
@@ -445,10 +460,13 @@ def _message(body: Mapping[str, Any], meta: DeliveryMeta, digest: str,
     message_type = _text(message, "type", where, required=True)
     assert message_id is not None and message_type is not None
     timestamp_raw, occurred_at = _timestamp(message, where)
+    # strict: the customer's id (contactWaId, else message.from) keys the thread, whose
+    # 24-hour window this message opens; read loosely, a message could open another's
     sender = _text(message, "from", where)
-    # what the message says (its text, its media's id) describes it: an odd shape there is
-    # left out and named in unread_fields, never the message (kept as malformed, it opened
-    # no 24-hour window and started no thread although the customer had written)
+    # what the message says (its text, its media's id) and who sent it by name describe
+    # it: an odd shape there is left out and named in unread_fields, never the message
+    # (kept as malformed, it opened no 24-hour window and started no thread although the
+    # customer had written)
     unread: list[str] = []
     text_body: str | None = None
     media_id: str | None = None
@@ -458,13 +476,13 @@ def _message(body: Mapping[str, Any], meta: DeliveryMeta, digest: str,
         # spec does not show likewise, when it is there
         media_id = _described_in(message, message_type, "id", MAX_ID, unread)
     facts = {
-        **_common(body, meta, digest),
+        **_common(body, meta, digest, unread),
         "recognised": True,
         "kind": "message",
         "direction": "inbound",
         "message_id": message_id,
         "contact_wa_id": _text(body, "contactWaId", "") or sender,
-        "profile_name": _profile_name(body.get("profileName")),
+        "profile_name": _described(body, "profileName", "", unread),
         "from": sender,
         "message_type": message_type,
         "message_type_known": message_type in MESSAGE_KINDS,
@@ -499,13 +517,15 @@ def _status(body: Mapping[str, Any], meta: DeliveryMeta, digest: str, key: str,
     error_code, error_title = _status_error(body, status)
     if value == "failed":
         code = failure_code(error_code, causes)
+    # a status opens no thread: its recipient only describes the message (lenient)
+    unread: list[str] = []
     facts = {
-        **_common(body, meta, digest),
+        **_common(body, meta, digest, unread),
         "recognised": True,
         "kind": "status",
         "direction": "outbound",
         "message_id": message_id,
-        "contact_wa_id": _text(status, "recipient_id", where),
+        "contact_wa_id": _described(status, "recipient_id", where, unread),
         "message_type": None,
         "body": None,
         "media_id": None,
@@ -516,6 +536,8 @@ def _status(body: Mapping[str, Any], meta: DeliveryMeta, digest: str, key: str,
         "timestamp_raw": timestamp_raw,
         "occurred_at": occurred_at.isoformat() if occurred_at else None,
     }
+    if unread:
+        facts["unread_fields"] = unread
     return ChatDelivery(event_type, f"chat-message:{message_id}", key, occurred_at, facts)
 
 
@@ -526,7 +548,7 @@ def _unrecognised(body: Mapping[str, Any], meta: DeliveryMeta, digest: str, key:
     if message_id is None:
         message_id = _findable_message_id(body)
     facts = {
-        **_common(body, meta, digest, strict=False),
+        **_common(body, meta, digest),
         "recognised": False,
         "kind": kind[:64] if kind is not None else None,
         "message_id": message_id,

@@ -168,8 +168,9 @@ def test_an_unrecognised_status_is_filed_under_its_message() -> None:
     (inbound(timestamp=1700000000), "invalid_field"),
     (inbound(timestamp="17e8"), "invalid_field"),
     (inbound(timestamp="-1"), "invalid_field"),
+    # the customer's id keys the thread (its 24-hour window): strict, as are the ids
     ({**inbound(), "contactWaId": 255712345678}, "invalid_field"),
-    ({**inbound(), "wabaId": 1}, "invalid_field"),
+    (inbound(**{"from": 255712345678}), "invalid_field"),
     ({**status(), "status": "delivered"}, "invalid_field"),
     ({"type": "status", "phoneNumberId": PHONE}, "missing_field"),
     (status(message_id=7), "invalid_field"),  # type: ignore[arg-type]
@@ -230,14 +231,75 @@ def test_a_failures_explanation_never_costs_the_failure(
         code, error_code, title)
 
 
-@pytest.mark.parametrize(("name", "read_as"), [(["A"], None), ({"a": 1}, None),
-                                                (4471, "4471"), ("Asha", "Asha")])
-def test_a_profile_name_never_costs_the_inbound_message(name: Any, read_as: str | None) -> None:
+@pytest.mark.parametrize(("name", "read_as", "unread"), [
+    (["A"], None, ["profileName"]), ({"a": 1}, None, ["profileName"]),
+    (True, None, ["profileName"]), ("x" * 513, None, ["profileName"]),
+    (4471, "4471", []), ("Asha", "Asha", []), (None, None, [])])
+def test_a_profile_name_never_costs_the_inbound_message(name: Any, read_as: str | None,
+                                                        unread: list[str]) -> None:
     """Kept as malformed, an inbound message with a numeric display name opened no
-    24-hour window and started no thread."""
+    24-hour window and started no thread. One that cannot be read is named, as any
+    other field that only describes."""
     read = read_chat({**inbound(), "profileName": name}, META)
     assert read.event_type == "chat.message.received"
     assert read.facts["profile_name"] == read_as
+    assert read.facts.get("unread_fields", []) == unread
+
+
+@pytest.mark.parametrize(("value", "read_as", "unread"), [
+    (2001234567, "2001234567", False),
+    (Decimal("2001234567"), "2001234567", False),
+    ("waba-1", "waba-1", False),
+    ({"id": "waba-1"}, None, True),
+    (["waba-1"], None, True),
+    (False, None, True),
+    ("w" * 513, None, True),
+])
+@pytest.mark.parametrize("base", ["inbound", "failed"])
+def test_the_business_account_id_never_costs_the_delivery(
+        base: str, value: Any, read_as: str | None, unread: bool) -> None:
+    """``wabaId`` only says which business account it is; no fold reads it. Strict, a
+    numeric one made an inbound message malformed (no 24-hour window) and a ``failed``
+    status too (the message stayed ``sent``). Now read as its text, or left out and named."""
+    body = {**(inbound() if base == "inbound" else status("failed")), "wabaId": value}
+    read = read_chat(body, META)
+    assert read.event_type == ("chat.message.received" if base == "inbound"
+                               else "chat.message.failed")
+    assert read.facts["waba_id"] == read_as
+    assert read.facts.get("unread_fields", []) == (["wabaId"] if unread else [])
+
+
+@pytest.mark.parametrize(("value", "read_as", "unread"), [
+    (255712345678, "255712345678", False),
+    (Decimal("255712345678"), "255712345678", False),
+    ("255712345678", "255712345678", False),
+    ({"wa_id": "255712345678"}, None, True),
+    ([255712345678], None, True),
+    (True, None, True),
+    (None, None, False),
+])
+@pytest.mark.parametrize("value_of_status", ["sent", "delivered", "read", "failed"])
+def test_a_recipient_id_never_costs_the_status(
+        value_of_status: str, value: Any, read_as: str | None, unread: bool) -> None:
+    """``status.recipient_id`` only describes the message (its ``contact_wa_id``); a status
+    opens no thread. Strict, a ``failed`` status with a numeric one was kept malformed,
+    never folded, and the message stayed ``sent`` although ``failed`` is terminal."""
+    body = status(value_of_status, errors=[{"code": 131047, "title": "Re-engagement"}])
+    body["status"]["recipient_id"] = value
+    kept = read_chat(body, META)
+    assert kept.event_type == f"chat.message.{value_of_status}"
+    assert kept.facts["contact_wa_id"] == read_as
+    assert kept.facts.get("unread_fields", []) == (["status.recipient_id"] if unread else [])
+    if value_of_status == "failed":
+        assert kept.facts["code"] == 95063
+
+
+def test_every_unreadable_descriptive_field_is_named_and_the_message_still_read() -> None:
+    body = {**inbound(text={"body": 5}), "wabaId": {"x": 1}, "profileName": ["A"]}
+    read = read_chat(body, META)
+    assert read.event_type == "chat.message.received"
+    assert sorted(read.facts["unread_fields"]) == ["message.text.body", "profileName",
+                                                   "wabaId"]
 
 
 @pytest.mark.parametrize("body", [inbound(phone="555"), status(phone="555"),

@@ -116,6 +116,26 @@ def test_two_messages_in_one_second_leave_the_same_thread_whatever_arrived_first
         T0, UTC)
 
 
+def test_a_failed_status_with_a_numeric_recipient_id_is_folded_terminal() -> None:
+    """Strict, ``recipient_id`` sent as a number kept the ``failed`` status malformed: it was
+    never folded and the message stayed ``sent``. It only describes the message."""
+    failed = status("m10", "failed", T0 + 5, (131026, "Undeliverable"))
+    failed["status"]["recipient_id"] = 255700000001
+    events = [chat_event(status("m10", "sent", T0)), chat_event(failed)]
+    row = fold(events, message_keys, fold_message)["m10"]
+    assert (row["status"], row["code"], row["contact_wa_id"]) == (
+        "failed", 95057, "255700000001")
+
+
+def test_an_inbound_message_with_a_numeric_business_account_id_opens_the_window() -> None:
+    """Strict, a numeric ``wabaId`` kept the inbound message malformed: no thread and no
+    24-hour window although the customer had written."""
+    body = {**inbound("wamid.WABA", T0), "wabaId": 2001234567}
+    [row] = fold([chat_event(body)], thread_keys, fold_thread).values()
+    assert (row["contact_wa_id"], row["last_message_id"]) == ("255700000001", "wamid.WABA")
+    assert row["window_expires_at"] == datetime.fromtimestamp(T0, UTC) + timedelta(hours=24)
+
+
 def test_statuses_do_not_open_a_window() -> None:
     assert thread_keys(chat_event(status("m9", "read", T0))) == []
 

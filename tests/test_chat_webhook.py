@@ -306,6 +306,39 @@ def test_a_known_type_with_unreadable_fields_is_kept_flagged_and_reported(
     assert rows(db_url, "SELECT count(*) FROM hookledger.chat_messages") == [(0,)]
 
 
+def test_numeric_descriptive_fields_are_projected_not_kept_malformed(
+        service: str, db_url: str) -> None:
+    """A ``failed`` status whose ``recipient_id`` and an inbound message whose ``wabaId``
+    came as JSON numbers were ``chat.malformed``: the message stayed ``sent`` and the
+    customer's 24-hour window never opened. Both only describe: read as their text."""
+    now = int(time.time())
+    failed = status("failed", message_id="wamid.NUM", timestamp=str(now - 50),
+                    errors=[{"code": 131026, "title": "Undeliverable"}])
+    failed["status"]["recipient_id"] = 255700000033
+    written = inbound(message_id="wamid.NUM.IN", timestamp=str(now - 60))
+    written["wabaId"] = 2001234567
+    written["contactWaId"] = written["message"]["from"] = "255700000033"
+    sent = status("sent", message_id="wamid.NUM", timestamp=str(now - 100))
+    for i, body in enumerate([sent, failed, written]):
+        answer = post(service, PHONE, encode(body), secret=SECRETS[PHONE],
+                      delivery_id=f"dlv-num-{i}")
+        assert answer.status_code == 200, answer.text
+    assert rows(db_url, "SELECT event_type, facts->>'waba_id' FROM hookledger.ledger "
+                        "WHERE source = 'chat' ORDER BY position") == [
+        ("chat.message.sent", "waba-1"), ("chat.message.failed", "waba-1"),
+        ("chat.message.received", "2001234567")]
+    message = wait_for(lambda: rows(
+        db_url, "SELECT status, code, contact_wa_id FROM hookledger.chat_messages "
+                "WHERE message_id = 'wamid.NUM' AND status = 'failed'"))
+    assert message == [("failed", 95057, "255700000033")]
+    thread = wait_for(lambda: rows(
+        db_url, "SELECT contact_wa_id, window_open, last_message_id "
+                "FROM hookledger.chat_threads"))
+    assert thread == [("255700000033", True, "wamid.NUM.IN")]
+    assert rows(db_url, "SELECT count(*) FROM hookledger.discrepancies "
+                        "WHERE kind = 'malformed_delivery'") == [(0,)]
+
+
 @pytest.mark.parametrize("unusable", [b"x" * 300, "d\u00e9livery".encode("latin-1"), b"d-\t-1"])
 def test_an_unusable_delivery_id_is_kept_once_keyed_by_the_body(
         service: str, db_url: str, unusable: bytes) -> None:

@@ -144,6 +144,48 @@ def test_any_chat_object_reads_or_is_refused(body: dict[str, Any]) -> None:
     kept_chat(json.dumps(body).encode(), DeliveryMeta(PHONE, None, None, None))
 
 
+# JSON values jsonb can hold (NUL and lone surrogates are kept by their raw bytes, above)
+holdable_text = st.text(st.characters(exclude_characters="\x00", exclude_categories=("Cs",)),
+                        max_size=20)
+holdable_values = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-10**30, max_value=10**30)
+    | st.floats(allow_nan=False, allow_infinity=False) | holdable_text,
+    lambda children: st.lists(children, max_size=3)
+    | st.dictionaries(holdable_text, children, max_size=3), max_leaves=12)
+DESCRIPTIVE = {  # (base, path) -> (fact, the name in unread_fields)
+    ("inbound", ("wabaId",)): ("waba_id", "wabaId"),
+    ("failed", ("wabaId",)): ("waba_id", "wabaId"),
+    ("inbound", ("profileName",)): ("profile_name", "profileName"),
+    ("failed", ("status", "recipient_id")): ("contact_wa_id", "status.recipient_id"),
+}
+
+
+@FUZZ
+@given(where=st.sampled_from(sorted(DESCRIPTIVE)), value=holdable_values)
+def test_a_field_that_only_describes_never_costs_the_delivery(
+        where: tuple[str, tuple[str, ...]], value: Any) -> None:
+    """Whatever JSON type a descriptive chat field comes in, the message is still received
+    (its window opens) and the failure still counts: the field is read as text, a number
+    as its text, and anything else left out and named in ``unread_fields``."""
+    base, path = where
+    fact, name = DESCRIPTIVE[where]
+    body = mutated(inbound() if base == "inbound" else status("failed"), list(path), value)
+    parsed, _ = parse_object(json.dumps(body).encode())  # numbers as the endpoint reads them
+    read = read_chat_or_malformed(parsed, DeliveryMeta(PHONE, "d-1", 1, "ua"))
+    assert read.event_type == ("chat.message.received" if base == "inbound"
+                               else "chat.message.failed")
+    readable = value is None or isinstance(value, str) or (
+        isinstance(value, int | float) and not isinstance(value, bool))
+    assert (name in read.facts.get("unread_fields", [])) is not readable
+    if isinstance(value, str):
+        assert read.facts[fact] == value
+    elif isinstance(value, int) and not isinstance(value, bool):
+        assert read.facts[fact] == str(value)
+    elif not readable:
+        assert read.facts[fact] is None
+    storable(read.facts)
+
+
 # text jsonb cannot hold, in any field: each body is still kept, with storable facts
 unholdable = st.text(st.sampled_from(["\x00", "\ud800", "\udfff", "a", "\u00e9", "\U0001f600"]),
                      min_size=1, max_size=6)
