@@ -43,8 +43,14 @@ invoice amounts, transaction id...) is a new one.
 invoice re-saved from total 1000 to 1200 and back to 1000 sends a third ``invoice.updated``
 whose every other field equals the first's, and without its time that state (the invoice's
 current one) was taken for a duplicate and never kept. A copy restamped by the provider
-becomes a second event instead, which costs nothing: the folds keep the latest state by
-provider time, and a second copy of one state folds to the same row.
+(the spec's "repeated callbacks") becomes a second event instead, and it is not free: the
+folds go by provider time, so a copy stamped after a later state cannot be told from a
+return to its own state and counts as the current one. Where the spec rules a return out,
+the fold says so: an invoice is created once, before anything else happens to it, so an
+``invoice.created`` never outranks another event of its invoice, whatever its time
+(``projections.general_folds``), and a restamped one no longer reopens a paid invoice. A
+restamped ``invoice.paid`` or ``invoice.cancelled`` (each fires once) after a re-save still
+brings its state back: only the earliest copy's time tells, which no per-event order knows.
 """
 
 from __future__ import annotations

@@ -49,6 +49,12 @@ SMS_RANK = {"sms.failed": 1, "sms.delivered": 2}
 # their meaning, and only a row's same-second ties change, as ``hookledger rebuild`` shows.
 INVOICE_RANK = {"invoice.created": 0, "payment.confirmed": 1, "invoice.paid": 3,
                 "invoice.cancelled": 3, "invoice.updated": 4}
+# An invoice is created once, before anything else happens to it, so an ``invoice.created``
+# comes before every other event of its invoice whatever its time (:func:`_block_newer`): a
+# repeated callback stamped anew is a second ledger event (``timestamp`` is in the dedupe
+# key), and as the latest it reopened a paid invoice. Told by its rank, which every mark
+# shape kept (it was always 0), so marks keep their shape and rows folded before read alike.
+CREATED_RANK = INVOICE_RANK["invoice.created"]
 
 
 def _facts(event: StoredEvent) -> dict[str, Any]:
@@ -409,11 +415,12 @@ INVOICE_FIELDS = ("amount_paid", "amount_due", "total", "currency", "due_date", 
 
 
 def _invoice_order(event: StoredEvent, paid: Decimal | None) -> list[Any]:
-    """An invoice event's place among its invoice's: by the provider's time, then a refund
-    after everything else in its second (it can only follow the payment it refunds, and
-    by money received it sorted first, leaving a refunded invoice paid), then by money
-    received (which only a refund takes back: among refunds, the one leaving the least is
-    the later), then rank, then dedupe key, then position."""
+    """An invoice event's place among its invoice's: an ``invoice.created`` before every
+    other event (:data:`CREATED_RANK`; compared by :func:`_block_newer`), then by the
+    provider's time, then a refund after everything else in its second (it can only follow
+    the payment it refunds, and by money received it sorted first, leaving a refunded
+    invoice paid), then by money received (which only a refund takes back: among refunds,
+    the one leaving the least is the later), then rank, then dedupe key, then position."""
     refund = int(event.event_type in PAYMENT_RANK and event.facts.get("outcome") == "refunded")
     received = paid if paid is not None else Decimal(-1)
     return [event.occurred_at.timestamp() if event.occurred_at else 0.0, refund,
@@ -617,7 +624,9 @@ def _block_newer(candidate: list[Any], held: list[Any]) -> bool:
         return True
 
     def comparable(mark: list[Any]) -> tuple[Any, ...]:
-        return (mark[0], mark[1], Decimal(mark[2]), *mark[3:])
+        # not created first: an invoice.created never outranks another event of its
+        # invoice, whatever its time; among invoice.created the rest of the order decides
+        return (mark[3] != CREATED_RANK, mark[0], mark[1], Decimal(mark[2]), *mark[3:])
 
     return comparable(candidate) > comparable(current)
 

@@ -31,6 +31,14 @@ def kept_event(event: str, code: int, **kwargs: Any) -> NewEvent:
     return _appendable(raw, read_general_or_malformed(parse_object(raw)[0], EAT))
 
 
+def restamped(new: NewEvent, timestamp: str) -> NewEvent:
+    """The same body the provider sent again (a repeated callback) stamped ``timestamp``:
+    another ledger event, since ``timestamp`` is part of the dedupe key."""
+    body = json.loads(new.payload_json)
+    raw = json.dumps({**body, "timestamp": timestamp}).encode()
+    return _appendable(raw, read_general(parse_object(raw)[0], EAT))
+
+
 def _appendable(raw: bytes, read: GeneralDelivery) -> NewEvent:
     text = raw.decode()
     return NewEvent(stream=read.stream, event_type=read.event_type, source="general",

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from ledger import NewEvent, StoredEvent
 from projections.registry import PROJECTIONS, Row
-from tests.projection_events import new_event, stored
+from tests.projection_events import new_event, restamped, stored
 
 # columns a user sees; positions differ with arrival order by nature
 HIDDEN = {"winner", "provenance", "evidence", "block_key", "last_position", "statuses"}
@@ -17,6 +17,11 @@ HIDDEN = {"winner", "provenance", "evidence", "block_key", "last_position", "sta
 
 def ts(minute: int) -> str:
     return f"202611220{8 + minute // 60}{minute % 60:02d}00"
+
+
+# minutes a repeated invoice.created may be stamped at: the invoice's other events are at
+# 10-12 (part payments and updates), 30 (paid or cancelled) and 40 (re-saved)
+RESTAMPED_AT = [1, 10, 15, 30, 50]
 
 
 @st.composite
@@ -69,8 +74,13 @@ def scenario(draw: st.DrawFn) -> list[NewEvent]:
                                                  "dueDate", "paymentReference"])))
             return {k: v for k, v in full.items() if k not in gone}
 
-        events.append(new_event("invoice.created", 93000, reference=number, amount=total,
-                                timestamp=ts(0), invoice=block(amountPaid=0, amountDue=total)))
+        created = new_event("invoice.created", 93000, reference=number, amount=total,
+                            timestamp=ts(0), invoice=block(amountPaid=0, amountDue=total))
+        events.append(created)
+        # the same creation sent again (a repeated callback), stamped at any later time,
+        # before the invoice's other events, between them or after all of them
+        events.extend(restamped(created, ts(minute))
+                      for minute in draw(st.lists(st.sampled_from(RESTAMPED_AT), max_size=2)))
         paid = 0
         for step in range(draw(st.integers(0, 3))):
             paid += 100
@@ -146,3 +156,29 @@ def test_any_order_and_duplication_gives_the_canonical_projection(
     assert project(as_ledger(arrived)) == canonical
 
 
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(data=st.data(), story=scenario())
+def test_a_repeated_invoice_created_changes_no_invoice_whatever_its_time(
+        data: st.DataObject, story: list[NewEvent]) -> None:
+    """An invoice is created once, first: a copy of its ``invoice.created`` stamped later
+    (another ledger event) counts as earlier than its other events, so every row, every
+    other projection and every finding stay as they were. Only the count of events moves,
+    and the time of an invoice known by nothing but its creation (the later creation is
+    the later, as before)."""
+    creations = [e for e in story if e.event_type == "invoice.created"]
+    copies = [restamped(e, ts(data.draw(st.sampled_from(RESTAMPED_AT), label="stamped at")))
+              for e in data.draw(st.lists(st.sampled_from(creations), max_size=4))
+              ] if creations else []
+    before = project(as_ledger(story))
+    after = project(as_ledger(data.draw(st.permutations(story + copies))))
+    # every event gives last_event: still invoice.created, nothing else reached the invoice
+    created_only = {number for number, row in before["invoices"].items()
+                    if row["last_event"] == "invoice.created"}
+
+    def shown(tables: dict[str, Any]) -> dict[str, Any]:
+        invoices = {number: {c: v for c, v in row.items() if c != "event_count"
+                             and (c != "updated_at" or number not in created_only)}
+                    for number, row in tables["invoices"].items()}
+        return {**tables, "invoices": invoices}
+
+    assert shown(after) == shown(before)

@@ -36,7 +36,7 @@ from projections.rebuild import rebuild, verify
 from projections.registry import PROJECTIONS, Projection
 from tests.general_events import encode, general_body
 from tests.live import running_service
-from tests.projection_events import new_event
+from tests.projection_events import new_event, restamped
 from tests.relay import SocketRelay
 from tests.signing import general_header
 
@@ -873,6 +873,30 @@ def test_a_refund_the_invoice_never_heard_of_shows_as_an_open_discrepancy_on_it(
     asyncio.run(rebuild(db_url))
     with psycopg.connect(db_url) as conn:
         assert len(conn.execute(query).fetchall()) == 1
+
+
+def test_a_repeated_invoice_created_leaves_a_paid_invoice_paid_live_and_rebuilt(
+        db_url: str) -> None:
+    """End to end: the same ``invoice.created`` sent again stamped after ``invoice.paid`` is
+    a second ledger event; the live projector and a rebuild both keep the invoice paid."""
+    block = {"invoiceNo": "INV-C", "total": 1000, "currency": "TZS"}
+    created = new_event("invoice.created", 93000, reference="INV-C", amount=1000,
+                        service="Invoicing", timestamp="20261122080000",
+                        invoice={**block, "amountPaid": 0, "amountDue": 1000})
+    paid = new_event("invoice.paid", 93002, reference="INV-C", amount=1000,
+                     service="Invoicing", timestamp="20261122081000",
+                     invoice={**block, "amountPaid": 1000, "amountDue": 0})
+    asyncio.run(append_all(db_url, [created, paid, restamped(created, "20261122082000")]))
+    asyncio.run(project_all(db_url))
+    query = ("SELECT status, amount_paid, amount_due, settled, last_event, event_count "
+             "FROM hookledger.invoices")
+    expected = [("paid", 1000, 0, True, "invoice.paid", 3)]
+    with psycopg.connect(db_url) as conn:
+        assert conn.execute(query).fetchall() == expected
+    live = snapshot(db_url)
+    assert asyncio.run(verify(db_url)).identical
+    asyncio.run(rebuild(db_url))
+    assert snapshot(db_url) == live
 
 
 async def project_as_older_code(url: str, known: Sequence[Projection]) -> None:
