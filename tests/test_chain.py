@@ -77,6 +77,40 @@ def test_an_untouched_ledger_verifies_and_an_edited_event_is_named(db_url: str) 
     assert caught.returncode == 1 and "position 17" in caught.stdout
 
 
+def test_an_edit_is_named_though_the_digest_function_was_replaced_to_hide_it(
+        db_url: str) -> None:
+    """The rights that switch the trigger off also replace ``ledger_event_digest``: one
+    returning the old digest for the edited row, and a look-alike ``sha256`` in a schema
+    the role's search path puts first, hid the edit from a check that trusted them."""
+    append(db_url, 12, "FN")
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE hookledger_private.saved AS SELECT position, "
+                     "hookledger_private.ledger_event_digest(e) AS digest "
+                     "FROM hookledger_private.ledger_events e")
+        conn.execute("ALTER FUNCTION hookledger_private.ledger_event_digest("
+                     "hookledger_private.ledger_events) RENAME TO real_digest")
+        conn.execute("""CREATE FUNCTION hookledger_private.ledger_event_digest(
+                            e hookledger_private.ledger_events) RETURNS bytea
+                        LANGUAGE sql STABLE AS $$
+                        SELECT digest FROM hookledger_private.saved s
+                        WHERE s.position = e.position $$""")
+        conn.execute("CREATE SCHEMA evil")
+        conn.execute("CREATE FUNCTION evil.sha256(bytea) RETURNS bytea LANGUAGE sql "
+                     "IMMUTABLE AS $$ SELECT '\\x00'::bytea $$")
+        conn.execute(pg_sql.SQL("ALTER DATABASE {} SET search_path = evil, pg_catalog, public")
+                     .format(pg_sql.Identifier(conn.info.dbname)))
+    tamper(db_url, 5)
+    result = check(db_url)
+    assert result.first_mismatch == 5 and result.checked == 4  # type: ignore[attr-defined]
+
+
+def test_verify_spells_the_digest_of_the_migrations_byte_for_byte() -> None:
+    import ledger.chain
+
+    template = importlib.import_module("migrations.versions.0010_chain_digest_inline")
+    assert ledger.chain.DIGEST == template.DIGEST
+
+
 def test_the_trigger_hashes_every_kind_of_row_as_verify_does(db_url: str) -> None:
     """The trigger writes the digest out inline (0010) and verify calls the function: rows
     with and without raw bytes, endpoint, occurrence time and stored payload must agree."""
