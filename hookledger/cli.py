@@ -324,6 +324,7 @@ def migrate_command() -> None:
 @click.option("--batch-size", default=5000, show_default=True, type=click.IntRange(min=1))
 def rebuild(verify: bool, batch_size: int) -> None:
     """Rebuild every projection from the ledger (or verify the live ones against a rebuild)."""
+    import psycopg
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     from projections import rebuild as rebuilding
@@ -332,7 +333,10 @@ def rebuild(verify: bool, batch_size: int) -> None:
     configure_logging(settings)
     try:
         with database(settings) as url:
-            migrate.upgrade(url)
+            if verify:  # reads only: a standby or a read-only role may run it
+                migrate.require_head(url)
+            else:
+                migrate.upgrade(url)
             head = asyncio.run(_head(url))
             with Progress("[progress.description]{task.description}", BarColumn(),
                           MofNCompleteColumn(), TimeElapsedColumn(),
@@ -343,13 +347,18 @@ def rebuild(verify: bool, batch_size: int) -> None:
                     bar.update(task, completed=min(position, head))
 
                 if verify:
-                    result = asyncio.run(rebuilding.verify(url, batch_size=batch_size,
-                                                           progress=advance))
+                    try:
+                        result = asyncio.run(rebuilding.verify(url, batch_size=batch_size,
+                                                               progress=advance))
+                    except psycopg.errors.ReadOnlySqlTransaction:
+                        _fail("rebuild --verify folds into temporary tables, which a standby "
+                              "cannot hold: run it against the primary (verify, which "
+                              "checks the hash chain, runs on a standby)")
                 else:
                     done = asyncio.run(rebuilding.rebuild(url, batch_size=batch_size,
                                                           progress=advance))
                 bar.update(task, completed=head or 1)
-    except EmbeddedPostgresError as exc:
+    except (EmbeddedPostgresError, migrate.NotMigrated) as exc:
         _fail(str(exc))
     if not verify:
         click.echo(f"rebuilt from {done.events} events in {done.seconds:.2f} s "
@@ -382,14 +391,14 @@ def verify_chain() -> None:
 
     try:
         with database(settings) as url:
-            migrate.upgrade(url)
+            migrate.require_head(url)  # reads only: a standby or a read-only role may run it
             head = asyncio.run(_head(url))
             with Progress("[progress.description]{task.description}", BarColumn(),
                           MofNCompleteColumn(), TimeElapsedColumn()) as bar:
                 task = bar.add_task("checking the chain", total=head or 1)
                 result = asyncio.run(run(lambda p: bar.update(task, completed=min(p, head))))
                 bar.update(task, completed=head or 1)
-    except EmbeddedPostgresError as exc:
+    except (EmbeddedPostgresError, migrate.NotMigrated) as exc:
         _fail(str(exc))
     if result.intact:
         click.echo(f"ledger intact: {result.checked} events, head position "

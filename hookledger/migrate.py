@@ -7,10 +7,15 @@ from pathlib import Path
 import click
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
+from sqlalchemy import create_engine
+from sqlalchemy.pool import NullPool
 
 import migrations
 from hookledger.database import sqlalchemy_url
+from ledger.schema import PRIVATE_SCHEMA
 
 
 def alembic_config(url: str) -> Config:
@@ -23,6 +28,40 @@ def alembic_config(url: str) -> Config:
 
 class DatabaseNewerThanCode(click.ClickException):
     """The database was migrated by a newer release than this one."""
+
+
+class NotMigrated(Exception):
+    """The database is not at this release's revision, and the command only reads."""
+
+
+def require_head(url: str) -> None:
+    """Refuse, rather than migrate, a database not at this release's revision: for the
+    commands that only read (``verify``, ``rebuild --verify``), which ran the migrations
+    first and so failed with a traceback on a standby or for a read-only role (exit 1, the
+    code of a tampered ledger), and changed a database they promise to leave alone."""
+    config = alembic_config(url)
+    head = ScriptDirectory.from_config(config).get_current_head()
+    engine = create_engine(sqlalchemy_url(url), poolclass=NullPool)
+    try:
+        with engine.connect() as connection:
+            current = MigrationContext.configure(
+                connection, opts={"version_table_schema": PRIVATE_SCHEMA}
+            ).get_current_revision()
+    finally:
+        engine.dispose()
+    if current == head:
+        return
+    if current is not None:
+        try:
+            ScriptDirectory.from_config(config).get_revision(current)
+        except CommandError:
+            raise NotMigrated(
+                f"the database was migrated by a newer hookledger (to {current}); this "
+                f"release does not know its tables: run that release or a newer one"
+            ) from None
+    raise NotMigrated(
+        f"the database is at migration {current or 'none'}, not this release's {head}: run "
+        f"`hookledger migrate` (as a role that may) first; this command changes nothing")
 
 
 def upgrade(url: str, revision: str = "head") -> None:

@@ -43,6 +43,9 @@ def _run(connection) -> None:  # type: ignore[no-untyped-def]
             context.run_migrations()
         connection.commit()
     finally:
+        # after a failure the transaction is aborted, and the unlock itself failed in it,
+        # hiding the real error (a read-only server's, say) behind "transaction aborted"
+        connection.rollback()
         connection.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": MIGRATION_LOCK_KEY})
         connection.commit()
 

@@ -171,6 +171,9 @@ async def verify(url: str, *, batch_size: int = 5000, buffer_rows: int = BUFFER_
     async with await connect(url, idle_in_transaction_s=0) as conn, \
             await connect(url) as reader:
         await conn.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
+        # its shadow tables are temporary, which a database or role whose sessions read
+        # only by default (a standby's stand-in) still allows once asked; a standby never
+        await conn.execute("SET default_transaction_read_only = off")
         async with conn.transaction():
             # each projection is compared as folded to its own checkpoint: during a rolling
             # upgrade an older leader moves only those it knows, and replaying all to the

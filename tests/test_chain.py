@@ -56,11 +56,11 @@ def tamper(url: str, position: int, edit: str = PAYLOAD_EDIT) -> None:
                      "ENABLE TRIGGER ledger_events_refuse_update_delete")
 
 
-def verify_command(url: str) -> subprocess.CompletedProcess[str]:
+def verify_command(url: str, *command: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKLEDGER_")}
     env["HOOKLEDGER_DATABASE_URL"] = url
-    return subprocess.run([sys.executable, "-m", "hookledger", "verify"], env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "hookledger", *(command or ("verify",))],
+                          env=env, capture_output=True, text=True, timeout=120)
 
 
 def test_an_untouched_ledger_verifies_and_an_edited_event_is_named(db_url: str) -> None:
@@ -102,6 +102,42 @@ def test_an_edit_is_named_though_the_digest_function_was_replaced_to_hide_it(
     tamper(db_url, 5)
     result = check(db_url)
     assert result.first_mismatch == 5 and result.checked == 4  # type: ignore[attr-defined]
+
+
+def test_verify_reads_only_so_a_read_only_database_can_be_checked(db_url: str) -> None:
+    """A standby, or a role that may only read: ``verify`` and ``rebuild --verify`` ran the
+    migrations first, and failed there with a traceback and exit 1, a tampered ledger's
+    code."""
+    append(db_url, 5, "RO")
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(pg_sql.SQL("ALTER DATABASE {} SET default_transaction_read_only = on")
+                     .format(pg_sql.Identifier(conn.info.dbname)))
+    ok = verify_command(db_url)
+    assert ok.returncode == 0 and "ledger intact: 5 events" in ok.stdout, ok.stderr
+    rebuilt = verify_command(db_url, "rebuild", "--verify")
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert "live projections are identical to a rebuild" in rebuilt.stdout
+
+
+def test_verify_refuses_a_database_not_at_this_releases_migration_and_changes_nothing(
+        empty_db_url: str) -> None:
+    refused = verify_command(empty_db_url)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "not this release's" in refused.stderr and "hookledger migrate" in refused.stderr
+    with psycopg.connect(empty_db_url) as conn:
+        assert conn.execute("SELECT to_regclass('hookledger_private.ledger_events')"
+                            ).fetchone() == (None,)
+
+
+def test_a_migration_the_server_refuses_says_why_not_that_the_transaction_aborted(
+        empty_db_url: str) -> None:
+    with psycopg.connect(empty_db_url, autocommit=True) as conn:
+        conn.execute(pg_sql.SQL("ALTER DATABASE {} SET default_transaction_read_only = on")
+                     .format(pg_sql.Identifier(conn.info.dbname)))
+    with pytest.raises(DBAPIError) as failed:
+        migrate.upgrade(empty_db_url)
+    assert "read-only transaction" in str(failed.value)
+    assert "current transaction is aborted" not in str(failed.value)
 
 
 def test_verify_spells_the_digest_of_the_migrations_byte_for_byte() -> None:
