@@ -47,6 +47,9 @@ _SOCKET_PATH_MAX = 100  # sun_path is 108 bytes; keep room for ".s.PGSQL.5432"
 # what a socket folder cannot hold: the server option names it in single quotes (through
 # pg_ctl's shell) in a comma-separated list; the URL's host is percent-encoded instead
 _UNSAFE_FOR_SERVER = re.compile(r"[',\\\"\x00-\x1f]")
+# what pg_ctl cannot start a server from: it hands the data folder and the log file to
+# /bin/sh in double quotes, where these still mean something
+_UNSAFE_FOR_PG_CTL = re.compile(r'["$`]')
 _START_TIMEOUT_S = 60
 
 # What every embedded server runs with unless ``server_settings`` says otherwise, each from
@@ -260,6 +263,11 @@ class EmbeddedPostgres:
 
     def start(self) -> str:
         """Start (or join) the server and return the URL of the ``hookledger`` database."""
+        if _UNSAFE_FOR_PG_CTL.search(str(self.root)):
+            raise EmbeddedPostgresError(
+                f"the embedded PostgreSQL cannot run in {self.root}: pg_ctl passes its folder "
+                f"to a shell, where a $, ` or \" in the path breaks the start. Set "
+                f"HOOKLEDGER_HOME to a folder without them, or HOOKLEDGER_DATABASE_URL")
         self.root.mkdir(parents=True, exist_ok=True)
         self.users_dir.mkdir(exist_ok=True)
         with self._locked():
@@ -421,9 +429,10 @@ class EmbeddedPostgres:
                 conn.execute(f'CREATE DATABASE "{DATABASE_NAME}"')
 
     def _pg_ctl(self, binaries: PostgresBinaries, *args: str) -> None:
-        self._run(binaries, "pg_ctl", "-D", str(self.data_dir), *args)
+        self._run(binaries, "pg_ctl", "-D", str(self.data_dir), *args, action=args[0])
 
-    def _run(self, binaries: PostgresBinaries, tool: str, *args: str) -> None:
+    def _run(self, binaries: PostgresBinaries, tool: str, *args: str,
+             action: str | None = None) -> None:
         result = subprocess.run(
             [binaries.tool(tool), *args],
             capture_output=True,
@@ -435,6 +444,6 @@ class EmbeddedPostgres:
         )
         if result.returncode != 0:
             raise EmbeddedPostgresError(
-                f"{tool} {args[0] if args else ''} failed ({binaries.origin} binaries "
+                f"{tool} {action or (args[0] if args else '')} failed ({binaries.origin} binaries "
                 f"in {binaries.bin_dir}): {(result.stderr or result.stdout).strip()}"
             )

@@ -154,3 +154,15 @@ def test_a_home_whose_path_holds_a_space_or_url_characters_serves(
         assert not postgres_running(home)
     finally:
         shutil.rmtree(top, ignore_errors=True)
+
+
+@pytest.mark.parametrize("folder", ["d$x", "back`tick", 'a"quote'])
+def test_a_home_pg_ctl_cannot_start_from_is_refused_naming_the_setting(
+        tmp_path: Path, folder: str) -> None:
+    """pg_ctl hands the data folder to /bin/sh in double quotes: with a $ the start failed
+    on a path the shell had cut ("/tmp/d/home"), with a backtick on a syntax error."""
+    home = tmp_path / folder / "home"
+    with pytest.raises(EmbeddedPostgresError) as refused:
+        EmbeddedPostgres(home).start()
+    assert "HOOKLEDGER_HOME" in str(refused.value) and str(home) in str(refused.value)
+    assert not home.exists()
