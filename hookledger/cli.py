@@ -52,7 +52,7 @@ def load_settings(**overrides: Any) -> Settings:
                 lines.append(f"hookledger.toml: unknown key {key!r} (keys are the variables' "
                              "names in lower case without HOOKLEDGER_, e.g. port)")
                 continue
-            lines.append(f"HOOKLEDGER_{key.upper()}: {error['msg']}")
+            lines.append(f"{_source_of(key)}: {error['msg']}")
         _fail("bad configuration:\n  " + "\n  ".join(lines))
     except SettingsError as exc:
         # a mapping (HOOKLEDGER_RECONCILE_RECORD_PATHS) that is not JSON fails before
@@ -61,6 +61,19 @@ def load_settings(**overrides: Any) -> Settings:
         _fail(f"bad configuration:\n  HOOKLEDGER_{field.upper()}: not valid JSON")
     except tomllib.TOMLDecodeError as exc:
         _fail(f"bad configuration:\n  hookledger.toml: {exc}")
+
+
+def _source_of(key: str) -> str:
+    """Where a setting's bad value came from: the variable when it is set (it wins), else
+    ``hookledger.toml`` when that holds the key; a message naming an unset variable sent
+    people to look in the wrong place."""
+    variable = f"HOOKLEDGER_{key.upper()}"
+    if variable not in os.environ:
+        with contextlib.suppress(OSError, tomllib.TOMLDecodeError):
+            with open("hookledger.toml", "rb") as handle:
+                if key in tomllib.load(handle):
+                    return f"hookledger.toml: {key}"
+    return variable
 
 
 def configure_logging(settings: Settings, *, warn: bool = True) -> None:

@@ -217,7 +217,8 @@ def _run(home: Path, seed: int) -> list[str]:
 @click.option("--home", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where the demo's embedded database lives (default: a temporary folder, "
                    "removed afterwards).")
-@click.option("--keep", is_flag=True, help="Keep the demo's home folder afterwards.")
+@click.option("--keep", is_flag=True,
+              help="Keep the demo's temporary home folder afterwards (a --home is always kept).")
 def demo(seed: int, home: Path | None, keep: bool) -> None:
     """Run a faulty sandbox scenario into a throw-away hookledger and summarise it."""
     started = time.monotonic()

@@ -8,6 +8,7 @@ value fails at start-up with the key's name (pydantic's error names it).
 from __future__ import annotations
 
 import difflib
+import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any
@@ -210,6 +211,27 @@ class Settings(BaseSettings):
     @classmethod
     def _chat_causes(cls, value: Any) -> dict[str, int]:
         return parse_error_causes(value)
+
+    @field_validator("reconcile_record_paths", mode="before")
+    @classmethod
+    def _record_paths_text(cls, value: Any) -> Any:
+        """The JSON the variable takes, given as text in ``hookledger.toml`` (where a table
+        is the natural spelling): the same value, read the same way, not a type error."""
+        if isinstance(value, str):
+            try:
+                return json.loads(value)
+            except ValueError:
+                raise ValueError("not valid JSON") from None
+        return value
+
+    @field_validator("embedded_os_user")
+    @classmethod
+    def _embedded_os_user(cls, value: str) -> str:
+        """Blank, the embedded server failed at ``useradd`` with a message naming no
+        setting."""
+        if not value.strip():
+            raise ValueError("must name an OS user")
+        return value.strip()
 
     @field_validator("reconcile_record_paths")
     @classmethod

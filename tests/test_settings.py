@@ -256,6 +256,42 @@ def test_an_unknown_toml_key_is_named_as_the_files_not_as_a_variable(
     assert "HOOKLEDGER_HOOKLEDGER" not in result.output and "HOOKLEDGER_PROT" not in result.output
 
 
+def test_a_bad_toml_value_is_named_as_the_files_and_a_bad_variable_as_itself(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``port = "abc"`` in the file was reported as ``HOOKLEDGER_PORT``, set nowhere."""
+    from click.testing import CliRunner
+
+    from hookledger.cli import main
+
+    (tmp_path / "hookledger.toml").write_text('port = "abc"\n')
+    result = CliRunner().invoke(main, ["db", "url"])
+    assert result.exit_code == 2 and "hookledger.toml: port:" in result.output, result.output
+    monkeypatch.setenv("HOOKLEDGER_PORT", "xyz")  # the variable wins, and is the one named
+    result = CliRunner().invoke(main, ["db", "url"])
+    assert result.exit_code == 2 and "HOOKLEDGER_PORT:" in result.output, result.output
+    assert "hookledger.toml: port" not in result.output
+
+
+def test_record_paths_in_toml_may_be_the_variables_json_or_a_table(tmp_path: Path) -> None:
+    (tmp_path / "hookledger.toml").write_text(
+        'reconcile_record_paths = \'{"status": "payment.state"}\'\n')
+    assert Settings().reconcile_record_paths == {"status": "payment.state"}
+    (tmp_path / "hookledger.toml").write_text(
+        'reconcile_record_paths = {status = "payment.state"}\n')
+    assert Settings().reconcile_record_paths == {"status": "payment.state"}
+    (tmp_path / "hookledger.toml").write_text("reconcile_record_paths = '{status'\n")
+    with pytest.raises(ValidationError, match="not valid JSON"):
+        Settings()
+
+
+@pytest.mark.parametrize("blank", ["", "  "])
+def test_a_blank_embedded_os_user_is_refused_naming_the_setting(
+        monkeypatch: pytest.MonkeyPatch, blank: str) -> None:
+    monkeypatch.setenv("HOOKLEDGER_EMBEDDED_OS_USER", blank)
+    with pytest.raises(ValidationError, match="embedded_os_user"):
+        Settings()
+
+
 def test_a_bad_variable_stops_the_demo_with_a_message(monkeypatch: pytest.MonkeyPatch) -> None:
     """The demo built its settings itself and stopped with pydantic's traceback, which
     quotes the bad value."""
