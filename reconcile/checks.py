@@ -113,6 +113,20 @@ def _provider_facts(record: ProviderRecord) -> dict[str, Any]:
             "provider_code": record.code}
 
 
+def _webhooks_say(local: Local) -> str:
+    """What hookledger was told of a subject the provider denies knowing: a webhook that
+    said paid, for a payment the provider never had, is forged, misdirected or of another
+    account, and the finding must say so (it read as an initiation that failed, while the
+    payments view showed success and the goods went out)."""
+    if local.outcome is None:
+        return ""
+    told = "its recovered record said" if local.recovered else "yet its webhooks said"
+    status = f" ({local.status})" if local.status else ""
+    warning = (": do not fulfil or pay on it until the provider confirms"
+               if local.outcome == "success" else "")
+    return f"; {told} {local.outcome}{status}{warning}"
+
+
 def decide(local: Local, lookup: Lookup, *, now: datetime, window: timedelta) -> Verdict:
     """The verdict for one subject; at most one discrepancy of a kind is open (see above)."""
     overdue = local.since is None or now - local.since >= window
@@ -124,8 +138,10 @@ def decide(local: Local, lookup: Lookup, *, now: datetime, window: timedelta) ->
         if overdue:
             found.append(Detection(
                 "unknown_at_provider",
-                f"the provider has no record of {local.subject} {local.reference}",
-                _risk(local.amount, local.expected_amount)))
+                f"the provider has no record of {local.subject} {local.reference}"
+                + _webhooks_say(local),
+                _risk(local.amount, local.expected_amount),
+                {"webhook_outcome": local.outcome} if local.outcome is not None else {}))
         return _verdict("unknown", None, found, resolve, local, settled=False)
 
     record = lookup.record

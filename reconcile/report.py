@@ -94,12 +94,17 @@ SUBJECT_ACTIONS: dict[tuple[str, str], str] = {
         "pay twice. Ask the provider's support about it by reference; if it fails, the "
         "provider refunds the wallet itself (payout.failed).",
     ("unknown_at_provider", "collection"):
-        "The provider does not know this reference: the initiation most likely failed. "
-        "Re-initiate if the customer still wants to pay.",
+        "The provider does not know this reference. Where the detail says its webhooks "
+        "said success, that payment is unconfirmed (a forged or misdirected webhook, or "
+        "another account's): do not fulfil, and hold what was released, until the provider "
+        "confirms it. Otherwise the initiation most likely failed: re-initiate if the "
+        "customer still wants to pay.",
     ("unknown_at_provider", "payout"):
-        "The provider does not know this payout's reference: the initiation most likely "
-        "failed and nothing was debited. Confirm that with the provider (and the wallet "
-        "balance) before paying out again, under a new reference.",
+        "The provider does not know this payout's reference. Where the detail says its "
+        "webhooks said success, do not take it as paid: confirm with the provider and the "
+        "wallet balance. Otherwise the initiation most likely failed and nothing was "
+        "debited: confirm that with the provider (and the wallet balance) before paying out "
+        "again, under a new reference.",
 }
 
 

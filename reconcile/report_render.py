@@ -169,13 +169,15 @@ class MarkdownReport:
         lines += [f"| {a['bucket']} | {a['open']} | {a['amount_at_risk']} |"
                   for a in summary["aging"]]
         lines += ["", "## Open", "", "| kind | service | reference | at risk | detected | "
-                  "what to do |", "|---|---|---|---:|---|---|"]
+                  "detail | what to do | id |", "|---|---|---|---:|---|---|---|---|"]
         return "\n".join(lines) + "\n"
 
     def row(self, item: Mapping[str, Any]) -> str:
+        # the detail says what differs (amounts, what was recovered), and the id is what
+        # ``hookledger resolve`` takes: without them the advice pointed at nothing shown
         return (f"| {_md(item['kind'])} | {_md(item['service'])} | {_md(item['reference'])} "
                 f"| {_md(item['amount_at_risk'])} | {_md(item['detected_at'])} | "
-                f"{_md(item['action'])} |\n")
+                f"{_md(item['detail'])} | {_md(item['action'])} | {_md(item['id'])} |\n")
 
     def tail(self) -> str:
         return ""
@@ -237,7 +239,7 @@ def _table(head: Sequence[str], rows: Iterable[Sequence[Any]], numeric: set[int]
 
 
 OPEN_HEAD = ["kind", "service", "reference", "at risk (TZS)", "detected", "detail",
-             "what to do"]
+             "what to do", "id"]
 OPEN_NUMERIC = {3}
 
 
@@ -277,7 +279,7 @@ class HtmlReport:
     def row(self, item: Mapping[str, Any]) -> str:
         return _cells([item["kind"], item["service"], item["reference"],
                        item["amount_at_risk"], item["detected_at"], item["detail"],
-                       item["action"]], OPEN_NUMERIC)
+                       item["action"], item["id"]], OPEN_NUMERIC)
 
     def tail(self) -> str:
         return "</tbody></table></body></html>\n"

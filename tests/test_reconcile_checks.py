@@ -166,6 +166,29 @@ def test_an_error_decides_nothing_and_a_missing_record_is_unknown_only_after_the
     assert [d.kind for d in late.detect] == ["unknown_at_provider"]
 
 
+@pytest.mark.parametrize(("outcome", "status", "recovered", "said"), [
+    ("success", "SUCCESSFUL", False,
+     "; yet its webhooks said success (SUCCESSFUL): do not fulfil or pay on it until the "
+     "provider confirms"),
+    ("failure", "FAILED", False, "; yet its webhooks said failure (FAILED)"),
+    ("success", None, True, "; its recovered record said success: do not fulfil or pay on "
+                            "it until the provider confirms"),
+    (None, None, False, ""),
+])
+def test_a_subject_the_provider_denies_says_what_its_webhooks_claimed(
+        outcome: str | None, status: str | None, recovered: bool, said: str) -> None:
+    """A paid webhook for a payment the provider never had (forged, misdirected) read as
+    an initiation that failed, advice and all, while the payments view said success."""
+    for subject in ("collection", "payout"):
+        local = Local(subject, "FORGED-1", outcome=outcome, status=status, recovered=recovered,
+                      amount=Decimal(250000), since=NOW - WINDOW)
+        [found] = decide(local, Lookup("FORGED-1", "not_found"), now=NOW, window=WINDOW).detect
+        assert found.kind == "unknown_at_provider"
+        assert found.detail == f"the provider has no record of {subject} FORGED-1{said}"
+        assert found.facts.get("webhook_outcome") == outcome
+        assert found.amount_at_risk == Decimal(250000)
+
+
 @given(st.binary(max_size=200))
 def test_any_bytes_give_an_envelope_or_malformed_envelope(raw: bytes) -> None:
     try:

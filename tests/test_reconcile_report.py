@@ -115,6 +115,20 @@ def test_the_csv_report_reads_back_as_written_and_runs_no_formula(reference: str
     assert row["amount_at_risk"] == "10.50"
 
 
+def test_the_markdown_and_html_open_lists_show_each_detail_and_the_id_resolve_takes(
+        ) -> None:
+    """The Markdown list showed neither what differs (the detail: amounts, what was
+    recovered) nor the id ``hookledger resolve`` needs; the HTML one lacked the id."""
+    report = hostile_report("C-3")
+    page = render(report, "md")
+    [open_row] = [line for line in page.splitlines()
+                  if line.startswith("| missing_webhook | Collection")]
+    assert "| detail C-3 |" in open_row and open_row.endswith("| a |")
+    assert "| detail | what to do | id |" in page
+    html_page = render(report, "html")
+    assert "<th>id</th>" in html_page and "<td>a</td>" in html_page
+
+
 def test_a_negative_amount_stays_a_number_in_the_csv_report() -> None:
     [row] = list(csv.DictReader(io.StringIO(render(hostile_report("R", "-5.25"), "csv"),
                                             newline="")))
@@ -127,8 +141,8 @@ def test_the_markdown_report_shows_text_as_text(reference: str) -> None:
     [open_row] = [line for line in page.splitlines()
                   if line.startswith("| missing_webhook | Collection |")]
     assert len(page.splitlines()) == len(render(hostile_report("R"), "md").splitlines())
-    # six cells, whatever the reference holds: no unescaped pipe, no line break
-    assert len(re.findall(r"(?<!\\)\|", open_row)) == 7
+    # eight cells, whatever the reference holds: no unescaped pipe, no line break
+    assert len(re.findall(r"(?<!\\)\|", open_row)) == 9
     # no link, image or HTML: every bracket, angle bracket and bang is escaped
     assert re.search(r"(?<!\\)[<>\[\]!]", open_row) is None
     # nor a bare address GitHub would link: its ``://``, ``www.`` and ``@`` are broken
@@ -250,7 +264,7 @@ def test_each_subject_gets_its_own_advice_and_its_own_window() -> None:
     assert "90 s" in actions["R-1"] and "new collection" in actions["R-1"]
     assert "24 h" in actions["R-2"] and "collection" not in actions["R-2"]
     assert "customer" not in actions["R-3"] and "again" in actions["R-3"]
-    assert "Re-initiate" in actions["R-4"]
+    assert "re-initiate" in actions["R-4"] and "do not fulfil" in actions["R-4"]
 
 
 def test_scheduled_reports_name_the_configured_payout_window(db_url: str,
