@@ -15,8 +15,10 @@ When storing fails, the secret must not be lost. :class:`SecretNotStored` carrie
 here (never in its message, args or repr); the edge decides where it goes: the command line
 prints it once to the operator, the admin API writes it to a 0600 file
 (:func:`rescue_to_file`) and answers where. Losing it is recoverable (rotate again once
-storage works; the provider re-signs retries with the then-current secret) but costs
-deliveries in between, so both edges try hard not to.
+storage works) but costs deliveries in between, so both edges try hard not to: every
+delivery signed with the lost secret is refused, and so, after the grace, are retries of
+deliveries queued before (if the provider signs those with the secret of their queueing, as
+the sandbox does; the spec does not say).
 
 The rotation is recorded as a ledger event (source ``admin``, ``chat.secret.rotated``) with
 the number, the secret's label and the time: never the secret.
