@@ -230,6 +230,17 @@ def _invoice_facts(block: dict[str, Any], unread: list[str]) -> dict[str, Any]:
     }
 
 
+def read_invoice_block(value: Any) -> tuple[dict[str, Any], list[str]]:
+    """An invoice block read as a webhook's is, and the descriptive fields left unread: the
+    reconciler reads a provider record's block with it, so that a record and a delivery
+    of one state never say different things about the invoice. Raises :class:`BodyError`
+    (no object, a number or an invoice number that cannot be read) as a delivery's would."""
+    if not isinstance(value, dict):
+        raise BodyError("invalid_field", "invoice must be an object")
+    unread: list[str] = []
+    return _invoice_facts(value, unread), unread
+
+
 def _customer_facts(body: dict[str, Any], unread: list[str]) -> dict[str, Any]:
     block = body.get("customer")
     if block is None:

@@ -270,20 +270,26 @@ def fold_payment(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrep
     }
     new, found = _fold_money(row, event, kind="collection",
                              rank=_rank(PAYMENT_RANK_BY_OUTCOME, event), descriptive=descriptive)
-    # a refund webhook the invoice fold cannot key (no block, or one without its number);
-    # not a recovered refund: its missing_webhook says so already, and the late webhook,
-    # which may well carry the block, would leave this finding open for nothing
-    if (facts.get("outcome") == "refunded" and event.event_type != RECOVERED_EVENT
-            and not invoice.get("invoice_no")):
-        new["evidence"] = {**new["evidence"], BLOCKLESS_REFUND: True}
+    # a refund the invoice fold cannot key (no block, or one without its number, or a
+    # recovered one without the provider's time): the invoice was never told. A recovered
+    # refund kept before recoveries carried the record's block (no ``invoice`` in its
+    # facts) folds as it did, without. A late webhook carrying the block does tell the
+    # invoice: ``INVOICE_TOLD`` says so, and the reconcile pass then resolves the finding
+    # (``reconcile.checks.settle``), whichever of the two arrived first
+    if facts.get("outcome") == "refunded" and (
+            event.event_type != RECOVERED_EVENT or "invoice" in facts):
+        told = _payment_block(event) is not None
+        new["evidence"] = {**new["evidence"], INVOICE_TOLD if told else BLOCKLESS_REFUND: True}
     unlinked = _refund_unlinked(new)
     if unlinked is not None and (row is None or _refund_unlinked(row) is None):
         found.append(unlinked)  # the invoice's finding: the payment itself is consistent
     return new, found
 
 
-# where ``evidence`` notes that a refund webhook said nothing of an invoice
+# where ``evidence`` notes that a refund said nothing of an invoice
 BLOCKLESS_REFUND = "blockless_refund"
+# where ``evidence`` notes that a refund carried its invoice's block (the invoice was told)
+INVOICE_TOLD = "invoice_told"
 
 
 def _refund_unlinked(row: Row) -> Discrepancy | None:
@@ -363,17 +369,29 @@ def fold_sms(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrepancy
 # -- invoices -----------------------------------------------------------------------------
 
 def invoice_keys(event: StoredEvent) -> list[str]:
-    invoice = event.facts.get("invoice")
     if event.event_type.startswith("invoice."):
+        invoice = event.facts.get("invoice")
         number = (invoice or {}).get("invoice_no") or event.facts["reference"]
         return [number]
-    if (event.event_type in PAYMENT_RANK and invoice and invoice.get("invoice_no")
+    block = _payment_block(event)
+    return [block["invoice_no"]] if block is not None else []
+
+
+def _payment_block(event: StoredEvent) -> dict[str, Any] | None:
+    """The invoice block of a part payment against an invoice, or of its refund, delivered
+    or recovered from the provider's record: money moved, and the block is the invoice
+    after it; else None. The code decides here as everywhere, so a payment.confirmed
+    carrying 91055 moved no money and never touches the invoice. A recovered one counts
+    only with the provider's time, without which it has no place among its invoice's
+    events (its refund is then flagged as one without a block)."""
+    if event.event_type not in PAYMENT_RANK and not (
+            _recovered_subject(event) == "collection" and _recovered_at(event) is not None):
+        return None
+    block = event.facts.get("invoice")
+    if (isinstance(block, dict) and block.get("invoice_no")
             and event.facts.get("outcome") in ("success", "refunded")):
-        # a part payment against an invoice, or its refund: money moved, and the block is
-        # the invoice after it. The code decides here as everywhere, so a
-        # payment.confirmed carrying 91055 moved no money and never touches the invoice
-        return [invoice["invoice_no"]]
-    return []
+        return block
+    return None
 
 
 def _parse_date(text: str | None) -> date | None:
@@ -414,6 +432,20 @@ INVOICE_FIELDS = ("amount_paid", "amount_due", "total", "currency", "due_date", 
                   "payment_reference", "last_event")
 
 
+# A payment the provider's record told of (``reconcile.recovered``) takes its place among
+# its invoice's events by the record's time, like its webhook, so it moves the invoice
+# exactly when it is the latest word and never overrides a later event. Its rank is below a
+# delivered payment's, so the webhook itself, should it come late in the same second with
+# the same money, is the word kept (a webhook confirms or overrides a recovered state). A
+# fraction, so the ranks stored marks hold keep their meaning.
+RECOVERED_INVOICE_RANK = 0.5
+
+
+def _provider_time(event: StoredEvent) -> datetime | None:
+    """When the provider says the event happened: a recovered event's is its record's."""
+    return _recovered_at(event) if event.event_type == RECOVERED_EVENT else event.occurred_at
+
+
 def _invoice_order(event: StoredEvent, paid: Decimal | None) -> list[Any]:
     """An invoice event's place among its invoice's: an ``invoice.created`` before every
     other event (:data:`CREATED_RANK`; compared by :func:`_block_newer`), then by the
@@ -421,11 +453,15 @@ def _invoice_order(event: StoredEvent, paid: Decimal | None) -> list[Any]:
     the payment it refunds, and by money received it sorted first, leaving a refunded
     invoice paid), then by money received (which only a refund takes back: among refunds,
     the one leaving the least is the later), then rank, then dedupe key, then position."""
-    refund = int(event.event_type in PAYMENT_RANK and event.facts.get("outcome") == "refunded")
+    recovered = event.event_type == RECOVERED_EVENT
+    refund = int((event.event_type in PAYMENT_RANK or recovered)
+                 and event.facts.get("outcome") == "refunded")
     received = paid if paid is not None else Decimal(-1)
-    return [event.occurred_at.timestamp() if event.occurred_at else 0.0, refund,
-            str(-received if refund else received),
-            INVOICE_RANK.get(event.event_type, INVOICE_RANK["payment.confirmed"]),
+    when = _provider_time(event)
+    rank = (RECOVERED_INVOICE_RANK if recovered
+            else INVOICE_RANK.get(event.event_type, INVOICE_RANK["payment.confirmed"]))
+    return [when.timestamp() if when else 0.0, refund,
+            str(-received if refund else received), rank,
             tiebreak(event.dedupe_key), event.position]
 
 
@@ -451,7 +487,7 @@ def amount_source(mark: Any) -> tuple[int, bool] | None:
     if current is None:
         return None
     paid_in = (len(mark) == 6 and current[1] == 0
-               and current[3] == INVOICE_RANK["payment.confirmed"])
+               and current[3] in (INVOICE_RANK["payment.confirmed"], RECOVERED_INVOICE_RANK))
     return int(current[-1]), paid_in
 
 
@@ -554,7 +590,7 @@ def fold_invoice(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrep
             if name == "amount_due":  # as reported (its spelling too): the row may show
                 marks[DUE_AS_REPORTED] = format(value, "f")  # it unknown (below)
             if name == "last_event":
-                state["updated_at"] = event.occurred_at
+                state["updated_at"] = _provider_time(event)
     if block and (state["block_key"] is None or _block_newer(order, state["block_key"])):
         state["block_key"] = order  # the latest block's order (kept for older readers)
     state["provenance"] = marks

@@ -3,7 +3,8 @@
 * ``reconcile.checked``: the provider's answer to one check (the mapped record, or the
   error), on the subject's stream, so history shows every question asked;
 * ``reconcile.recovered``: a terminal state only the API told us (a lost webhook), in the
-  webhook facts' shape, folded by the payment and payout projections (``recovered`` true);
+  webhook facts' shape, folded by the payment and payout projections (``recovered`` true)
+  and, when it carries an invoice block, by the invoice projection;
 * ``discrepancy.detected`` / ``discrepancy.resolved``: folded by ``discrepancies``.
 """
 
@@ -62,13 +63,14 @@ def recovered_event(subject: str, record: ProviderRecord, pass_id: str, now: dat
                     zone: ZoneInfo, reference: str | None = None) -> NewEvent:
     """The provider's terminal state as a webhook-shaped event, filed under ``reference``
     (the one asked about; the provider may spell its own differently, e.g. in case, and a
-    recovery filed under that would leave the payment asked about unresolved)."""
+    recovery filed under that would leave the payment asked about unresolved), with the
+    record's invoice block, which the invoice fold applies as the webhook's."""
     reference = reference or record.reference
     event = record.event if (record.event or "").split(".")[0] == (
         "payment" if subject == "collection" else "payout") else None
     event = event or RECOVERY_EVENT[(subject, record.outcome)]
     occurred = provider_time(record.timestamp, zone)
-    payload = {
+    payload: dict[str, Any] = {
         "subject": subject, "reference": reference, "provider_reference": record.reference,
         "event": event,
         "status": record.status, "outcome": record.outcome, "code": record.code,
@@ -76,7 +78,13 @@ def recovered_event(subject: str, record: ProviderRecord, pass_id: str, now: dat
         "customer_reference": record.customer_reference,
         "occurred_at": occurred.isoformat() if occurred else None, "recovered": True,
         "pass_id": pass_id,
+        # the record's invoice block, read as a webhook's: its invoice is told of a part
+        # payment or refund the webhook of which was lost. Always present (None: the record
+        # had none), which tells these events from those kept before, which fold as they did
+        "invoice": record.invoice,
     }
+    if record.unread_fields:
+        payload["unread_fields"] = list(record.unread_fields)
     key = (f"reconcile:recovered:{subject}:{reference}:{record.outcome}:"
            f"{record.status}:{record.amount}")
     return _event(f"{subject}:{reference}", RECOVERED_EVENT, key, payload, now)

@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 from ingest.codes import CODES, GENERAL_EVENTS, is_failure_code, outcome_of_event
 from ingest.codes import outcome as webhook_outcome
+from ingest.errors import BodyError
+from ingest.general_body import read_invoice_block
 from ledger.jsonenc import jsonb_can_hold
 from reconcile.errors import MappingError
 
@@ -44,7 +46,7 @@ DEFAULT_PATHS: dict[str, str] = {
     "reference": "reference", "status": "status", "amount": "amount", "event": "event",
     "code": "code", "transaction_id": "transactionId",
     "customer_reference": "customerReference", "service": "service", "type": "type",
-    "timestamp": "timestamp",
+    "timestamp": "timestamp", "invoice": "invoice",
 }
 
 # Which kinds of record each field allows, by the spec's event table, the service digit S
@@ -99,6 +101,10 @@ class ProviderRecord:
     service: str | None
     timestamp: str | None
     type: str | None = None
+    # the invoice block as a webhook's is read (``ingest.general_body``): a part payment's
+    # or a refund's record says what its invoice is after it, as its webhook would have
+    invoice: dict[str, Any] | None = None
+    unread_fields: tuple[str, ...] = ()
 
     @property
     def outcome(self) -> Outcome:
@@ -134,10 +140,14 @@ class ProviderRecord:
         return None
 
     def as_json(self) -> dict[str, Any]:
-        return {"reference": self.reference, "status": self.status, "amount": self.amount,
-                "event": self.event, "code": self.code, "transaction_id": self.transaction_id,
-                "customer_reference": self.customer_reference, "service": self.service,
-                "type": self.type, "timestamp": self.timestamp, "outcome": self.outcome}
+        answer: dict[str, Any] = {
+            "reference": self.reference, "status": self.status, "amount": self.amount,
+            "event": self.event, "code": self.code, "transaction_id": self.transaction_id,
+            "customer_reference": self.customer_reference, "service": self.service,
+            "type": self.type, "timestamp": self.timestamp, "outcome": self.outcome}
+        if self.invoice is not None:  # records without one keep the shape they had
+            answer["invoice"] = self.invoice
+        return answer
 
 
 EVENT_CODES = (90000, 99999)  # the spec's "9 S OO (five digits)"
@@ -254,9 +264,25 @@ class RecordMapping:
             # payment our webhooks call final
             raise MappingError("the record names no status, event or code: check "
                                "HOOKLEDGER_RECONCILE_RECORD_PATHS against the API's data")
+        invoice, unread = _invoice_block(dig(data, self.paths["invoice"]))
         return ProviderRecord(
             reference=answered or reference, status=status, amount=amount,
             event=event, code=code_raw, customer_reference=customer_reference,
             transaction_id=None if transaction_id in (None, "", "-1") else transaction_id,
             service=service, timestamp=timestamp,
-            type=_word(data, self.paths["type"]))
+            type=_word(data, self.paths["type"]), invoice=invoice, unread_fields=unread)
+
+
+def _invoice_block(value: Any) -> tuple[dict[str, Any] | None, tuple[str, ...]]:
+    """The record's invoice block read by the webhook's rules: what a delivery's state is
+    decided on (invoice number, amounts) strictly, a :class:`MappingError` as such a
+    delivery is kept unprojected; what only describes leniently (left out, and named)."""
+    if value is None:
+        return None, ()
+    try:
+        block, unread = read_invoice_block(value)
+    except BodyError as exc:
+        raise MappingError(f"the record's {exc.detail or exc.reason}") from exc
+    if any(isinstance(text, str) and not jsonb_can_hold(text) for text in block.values()):
+        raise MappingError("invoice holds a character the ledger cannot keep")
+    return block, tuple(unread)

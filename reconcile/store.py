@@ -281,16 +281,24 @@ SETTLE_SQL = """
 SELECT d.id, d.kind, d.subject, d.reference, d.facts,
        coalesce(p.outcome, o.outcome) AS outcome, coalesce(p.amount, o.amount) AS amount,
        coalesce(p.recovered, o.recovered, false) AS recovered, i.settled,
-       i.amount_paid,
+       i.amount_paid, coalesce(r.evidence ? 'invoice_told', false) AS invoice_told,
        (p.reference IS NOT NULL OR o.reference IS NOT NULL OR i.invoice_no IS NOT NULL) AS known
 FROM hookledger_private.discrepancies d
 LEFT JOIN hookledger_private.payments p
        ON d.subject = 'collection' AND p.reference = d.reference
 LEFT JOIN hookledger_private.payouts o ON d.subject = 'payout' AND o.reference = d.reference
 LEFT JOIN hookledger_private.invoices i ON d.subject = 'invoice' AND i.invoice_no = d.reference
+-- the refunded payment a refunded_invoice_payment names: its finding's id is that of the
+-- key ``projections.general_folds`` gives it (migration 0004 computes ids alike)
+LEFT JOIN hookledger_private.payments r
+       ON d.kind = 'refunded_invoice_payment' AND r.invoice_no = d.reference
+      AND d.id = left(encode(sha256(convert_to(
+              'discrepancy:refunded_invoice_payment:invoice:' || d.reference
+              || ':payment:' || r.reference, 'UTF8')), 'hex'), 24)
 WHERE d.status = 'open'
   AND d.kind IN ('unresolved', 'missing_webhook', 'status_mismatch', 'amount_mismatch',
-                 'unsettled_paid_invoice', 'cancelled_invoice_paid')
+                 'unsettled_paid_invoice', 'cancelled_invoice_paid',
+                 'refunded_invoice_payment')
 """
 
 

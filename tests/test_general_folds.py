@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from decimal import Decimal
 from itertools import permutations
 from typing import Any
@@ -11,9 +11,16 @@ from typing import Any
 import orjson
 import pytest
 
+from ingest.general_body import read_invoice_block
 from ledger import StoredEvent
 from ledger.jsonenc import dumps
 from projections.folding import Discrepancy
+from projections.general_folds import (
+    BLOCKLESS_REFUND,
+    INVOICE_TOLD,
+    amount_source,
+    invoice_keys,
+)
 from projections.registry import PROJECTIONS, Row
 from reconcile.findings import recovered_event
 from reconcile.records import ProviderRecord
@@ -207,14 +214,21 @@ def test_a_payout_failure_beside_a_confirmation_is_a_conflict_and_not_refunded()
 # -- states recovered through the reference API, then a late webhook -----------------------
 
 def recovered(subject: str, reference: str, event: str, code: int, amount: int,
-              status: str) -> StoredEvent:
-    """The reconciler's own ``reconcile.recovered`` event, as the ledger hands it back."""
+              status: str, *, invoice: dict[str, Any] | None = None,
+              timestamp: str | None = "20261122083500", legacy: bool = False) -> StoredEvent:
+    """The reconciler's own ``reconcile.recovered`` event, as the ledger hands it back;
+    ``invoice`` the record's block as the API spells it; ``legacy`` as kept before
+    recoveries carried the record's block (no ``invoice`` in its facts)."""
+    block = read_invoice_block(invoice)[0] if invoice is not None else None
     record = ProviderRecord(reference=reference, status=status, amount=Decimal(amount),
                             event=event, code=code, transaction_id="TX-API",
                             customer_reference="order-1", service=None,
-                            timestamp="20261122083500")
+                            timestamp=timestamp, invoice=block)
     new = recovered_event(subject, record, "pass-1", datetime.now(UTC), EAT)
-    return stored(dataclasses.replace(new, facts=orjson.loads(dumps(new.facts))))
+    facts = orjson.loads(dumps(new.facts))
+    if legacy:
+        del facts["invoice"]
+    return stored(dataclasses.replace(new, facts=facts))
 
 
 def test_a_late_failure_webhook_after_a_recovered_success_is_a_conflict() -> None:
@@ -685,11 +699,45 @@ def test_a_refund_without_a_block_of_a_payment_against_an_invoice_is_flagged_onc
                     invoice={"amountPaid": 0, "amountDue": 900})  # no invoiceNo: unkeyable
     assert [d.kind for d in fold_all("payments", _in_order(part, numberless))[1]] == [
         "refunded_invoice_payment"]
-    # a recovered refund has its missing_webhook; its late webhook may carry the block
+
+def test_a_refund_recovered_without_a_block_is_flagged_like_its_webhook() -> None:
+    """The provider's record of the refund says nothing of the invoice: the invoice still
+    counts the money, as after a blockless refund webhook, and is flagged alike (the
+    general system never retries, so nothing else would tell). Should the refund's webhook
+    come late carrying the block, the payment row says the invoice was told, whatever the
+    order, and the pass resolves the finding (``settle``)."""
+    part = ev("payment.confirmed", 91000, reference="PAY-1", amount=900,
+              timestamp="20261122081000",
+              invoice={**INVOICE, "amountPaid": 900, "amountDue": 0})
+    with_block = ev("payment.refunded", 91010, reference="PAY-1", amount=900,
+                    status="REVERSED", timestamp="20261122100000",
+                    invoice={**INVOICE, "amountPaid": 0, "amountDue": 900})
     recovered_refund = recovered("collection", "PAY-1", "payment.refunded", 91010, 900,
                                  "REVERSED")
+    for order in permutations([part, recovered_refund]):
+        rows, found = fold_all("payments", _in_order(*order))
+        assert [(d.kind, d.subject, d.reference, d.evidence, d.amount_at_risk)
+                for d in found] == [("refunded_invoice_payment", "invoice", "INV-1",
+                                     ("payment:PAY-1",), Decimal("900"))]
+        assert INVOICE_TOLD not in rows["PAY-1"]["evidence"]
     for order in permutations([part, recovered_refund, with_block]):
-        assert fold_all("payments", _in_order(*order))[1] == []
+        rows, found = fold_all("payments", _in_order(*order))
+        assert [d.evidence for d in found] == [("payment:PAY-1",)]  # once, in every order
+        evidence = rows["PAY-1"]["evidence"]
+        assert (evidence[BLOCKLESS_REFUND], evidence[INVOICE_TOLD]) == (True, True)
+    # one with a block, but no provider time: it has no place among the invoice's events
+    timeless = recovered("collection", "PAY-1", "payment.refunded", 91010, 900, "REVERSED",
+                         timestamp=None, invoice={**INVOICE, "amountPaid": 0,
+                                                  "amountDue": 900})
+    assert [d.kind for d in fold_all("payments", _in_order(part, timeless))[1]] == [
+        "refunded_invoice_payment"]
+    assert fold_all("invoices", _in_order(part, timeless))[0]["INV-1"]["settled"] is True
+    # one kept before recoveries carried the record's block folds as it did: no finding
+    legacy = recovered("collection", "PAY-1", "payment.refunded", 91010, 900, "REVERSED",
+                       legacy=True)
+    for order in permutations([part, legacy]):
+        rows, found = fold_all("payments", _in_order(*order))
+        assert found == [] and BLOCKLESS_REFUND not in rows["PAY-1"]["evidence"]
 
 
 def refunded_invoice(refunded_at: str) -> tuple[StoredEvent, ...]:
@@ -720,6 +768,83 @@ def test_a_refunded_part_payment_takes_its_money_off_the_invoice() -> None:
         k: v for k, v in refund.facts.items() if k != "invoice"})
     rows, _ = fold_all("invoices", _in_order(created, part, paid, blockless))
     assert (rows["INV-1"]["status"], rows["INV-1"]["event_count"]) == ("paid", 3)
+
+
+def test_a_refund_recovered_with_its_block_takes_the_money_off_the_invoice() -> None:
+    """The refund's webhook lost, the provider's record of it (with the invoice's block)
+    moves the invoice as the webhook would have: owed again, not settled, by the record's
+    time, in every arrival order. A paid invoice whose money went back showed settled."""
+    created, part, paid, _ = refunded_invoice("20261122100000")
+    refund = recovered("collection", "PAY-1", "payment.refunded", 91010, 900, "REVERSED",
+                       timestamp="20261122100000",
+                       invoice={**INVOICE, "amountPaid": 0, "amountDue": 900})
+    for order in permutations([created, part, paid, refund]):
+        rows, found = fold_all("invoices", _in_order(*order))
+        row = rows["INV-1"]
+        assert (row["status"], row["settled"], row["amount_paid"], row["amount_due"]) == (
+            "open", False, Decimal("0"), Decimal("900"))
+        assert (row["last_event"], row["total"], found) == (
+            "payment.refunded", Decimal("900"), [])
+        assert row["updated_at"] == datetime(2026, 11, 22, 10, 0, tzinfo=EAT)
+    # its payment row names the invoice, which was told: nothing to flag
+    rows, found = fold_all("payments", _in_order(part, refund))
+    assert (rows["PAY-1"]["outcome"], found) == ("refunded", [])
+    assert rows["PAY-1"]["evidence"][INVOICE_TOLD] is True
+
+
+def test_a_recovered_refund_never_overrides_a_later_webhook_of_its_invoice() -> None:
+    """By the record's time like any event: paid again after the refund (a later part
+    payment), the invoice shows the later payment, whatever arrived first."""
+    created, part, paid, _ = refunded_invoice("20261122100000")
+    refund = recovered("collection", "PAY-1", "payment.refunded", 91010, 900, "REVERSED",
+                       timestamp="20261122100000",
+                       invoice={**INVOICE, "amountPaid": 0, "amountDue": 900})
+    again = ev("payment.confirmed", 91000, reference="PAY-2", amount=900,
+               timestamp="20261122110000",
+               invoice={**INVOICE, "amountPaid": 900, "amountDue": 0})
+    for order in permutations([created, part, paid, refund, again]):
+        row = fold_all("invoices", _in_order(*order))[0]["INV-1"]
+        assert (row["status"], row["settled"], row["amount_paid"], row["last_event"]) == (
+            "paid", True, Decimal("900"), "payment.confirmed")
+
+
+def test_a_late_webhook_of_a_recovered_payment_is_the_word_kept_in_its_second() -> None:
+    """The webhook and the record of one part payment, same second, same money: the
+    webhook's block wins each field it gives (a webhook overrides a recovered state)."""
+    created = invoice_event("invoice.created", 93000, 0, 900, "20261122080000")
+    record = recovered("collection", "PAY-1", "payment.confirmed", 91001, 300, "PARTIAL",
+                       timestamp="20261122090000",
+                       invoice={**INVOICE, "amountPaid": 300, "amountDue": 600,
+                                "dueDate": "2026-12-01"})
+    webhook = ev("payment.confirmed", 91001, reference="PAY-1", amount=300,
+                 timestamp="20261122090000",
+                 invoice={**INVOICE, "amountPaid": 300, "amountDue": 600})
+    for order in permutations([created, record, webhook]):
+        row = fold_all("invoices", _in_order(*order))[0]["INV-1"]
+        assert (row["due_date"], row["amount_paid"]) == (date(2026, 12, 31), Decimal("300"))
+
+
+def test_a_recovered_part_payment_reaches_its_invoice() -> None:
+    """91001 PARTIAL recovered with its block: the invoice counts the money received (and
+    it is money paid in, for a cancelled invoice's findings); a recovered failure with a
+    block, or a recovery kept before blocks were carried, leaves the invoice alone."""
+    created = invoice_event("invoice.created", 93000, 0, 900, "20261122080000")
+    partial = recovered("collection", "PAY-1", "payment.confirmed", 91001, 300, "PARTIAL",
+                        timestamp="20261122090000",
+                        invoice={**INVOICE, "amountPaid": 300, "amountDue": 600})
+    for order in permutations([created, partial]):
+        row = fold_all("invoices", _in_order(*order))[0]["INV-1"]
+        assert (row["status"], row["amount_paid"], row["amount_due"], row["settled"]) == (
+            "partially_paid", Decimal("300"), Decimal("600"), False)
+        assert amount_source(row["provenance"]["amount_paid"]) == (
+            next(e.position for e in _in_order(*order) if e.facts["event"].startswith(
+                "payment")), True)
+    failed = recovered("collection", "PAY-1", "payment.failed", 91055, 0, "FAILED",
+                       invoice={**INVOICE, "amountPaid": 900, "amountDue": 0})
+    assert invoice_keys(failed) == []
+    legacy = recovered("collection", "PAY-1", "payment.confirmed", 91001, 300, "PARTIAL",
+                       legacy=True)
+    assert invoice_keys(legacy) == [] and "invoice" not in legacy.facts
 
 
 def test_a_refund_in_the_second_of_its_payment_still_takes_the_money_off() -> None:

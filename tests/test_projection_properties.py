@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
+from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
+import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ingest.general_body import read_invoice_block
 from ledger import NewEvent, StoredEvent
+from ledger.jsonenc import dumps
 from projections.registry import PROJECTIONS, Row
-from tests.projection_events import new_event, restamped, stored
+from reconcile.findings import recovered_event
+from reconcile.records import ProviderRecord
+from tests.projection_events import EAT, new_event, restamped, stored
 
 # columns a user sees; positions differ with arrival order by nature
 HIDDEN = {"winner", "provenance", "evidence", "block_key", "last_position", "statuses"}
@@ -22,6 +30,18 @@ def ts(minute: int) -> str:
 # minutes a repeated invoice.created may be stamped at: the invoice's other events are at
 # 10-12 (part payments and updates), 30 (paid or cancelled) and 40 (re-saved)
 RESTAMPED_AT = [1, 10, 15, 30, 50]
+
+
+def recovered(event: str, code: int, status: str, reference: str, amount: int,
+              timestamp: str | None, invoice: dict[str, Any] | None) -> NewEvent:
+    """The reconciler's recovery of a lost webhook from the provider's record, with the
+    record's invoice block (as the API spells it), as the ledger keeps its facts."""
+    record = ProviderRecord(reference=reference, status=status, amount=Decimal(amount),
+                            event=event, code=code, transaction_id=None,
+                            customer_reference=None, service=None, timestamp=timestamp,
+                            invoice=None if invoice is None else read_invoice_block(invoice)[0])
+    new = recovered_event("collection", record, "pass-1", datetime.now(UTC), EAT)
+    return dataclasses.replace(new, facts=orjson.loads(dumps(new.facts)))
 
 
 @st.composite
@@ -84,13 +104,37 @@ def scenario(draw: st.DrawFn) -> list[NewEvent]:
         paid = 0
         for step in range(draw(st.integers(0, 3))):
             paid += 100
-            events.append(new_event("payment.confirmed", 91001, reference=f"{number}-p{step}",
-                                    amount=100, timestamp=ts(10 + step),
-                                    invoice={**base, "amountPaid": paid,
-                                             "amountDue": total - paid}))
+            part = {**base, "amountPaid": paid, "amountDue": total - paid}
+            # its webhook, the provider's record of it (the webhook lost), or both
+            told = draw(st.sampled_from(["webhook", "recovered", "both"]))
+            if told != "recovered":
+                events.append(new_event("payment.confirmed", 91001,
+                                        reference=f"{number}-p{step}", amount=100,
+                                        timestamp=ts(10 + step), invoice=part))
+            if told != "webhook":
+                events.append(recovered("payment.confirmed", 91001, "PARTIAL",
+                                        f"{number}-p{step}", 100, ts(10 + step), part))
             events.append(new_event("invoice.updated", 93001, reference=number, amount=total,
                                     timestamp=ts(10 + step),
                                     invoice=block(amountPaid=paid, amountDue=total - paid)))
+        if paid:  # the first part payment refunded: by webhook, record, or both, each
+            # with the invoice's block or without (a record may lack its time too)
+            back = {**base, "amountPaid": paid - 100, "amountDue": total - paid + 100}
+            # (one recovery at most: a record's state is recovered once, under one key)
+            ways = [draw(st.sampled_from([None, "webhook", "webhook, no block"])),
+                    draw(st.sampled_from([None, "recovered", "recovered, no block",
+                                          "recovered, no time"]))]
+            for way in filter(None, ways):
+                carried = None if "no block" in way else back
+                if way.startswith("webhook"):
+                    events.append(new_event("payment.refunded", 91010,
+                                            reference=f"{number}-p0", amount=100,
+                                            status="REVERSED", timestamp=ts(20),
+                                            invoice=carried))
+                else:
+                    events.append(recovered("payment.refunded", 91010, "REVERSED",
+                                            f"{number}-p0", 100,
+                                            None if "no time" in way else ts(20), carried))
         if draw(st.booleans()):  # a confirmation whose code says it failed: no money moved
             events.append(new_event("payment.confirmed", 91055, reference=f"{number}-x",
                                     amount=total, timestamp=ts(20),

@@ -545,3 +545,49 @@ def test_a_reference_the_provider_spells_otherwise_still_closes_what_its_answer_
     assert verdict.recover is None
     assert [d.kind for d in verdict.detect] == ["status_mismatch"]
     assert "id-u" in dict(verdict.resolve)
+
+
+def test_a_records_invoice_block_is_read_as_a_webhooks_and_carried_by_its_recovery() -> None:
+    """A part payment's or refund's record says what its invoice is after it. Read by the
+    webhook's rules: amounts and the invoice number strictly (a mapping error, as such a
+    delivery is kept unprojected), what only describes leniently (left out, and named)."""
+    mapping = RecordMapping.create()
+    data = {"reference": "R", "event": "payment.refunded", "code": 91010, "amount": 900,
+            "timestamp": "20261122100000",
+            "invoice": {"invoiceNo": "INV-1", "total": 900, "amountPaid": 0,
+                        "amountDue": Decimal("900.00"), "currency": 834,
+                        "paidDate": {"at": "x"}}}
+    read = mapping.read(data, "R")
+    assert read.invoice == {"invoice_no": "INV-1", "total": "900", "amount_paid": "0",
+                            "amount_due": "900.00", "currency": "834", "due_date": None,
+                            "paid_date": None, "payment_reference": None}
+    assert read.unread_fields == ("invoice.paidDate",)
+    assert read.as_json()["invoice"] == read.invoice
+    assert "invoice" not in mapping.read({**data, "invoice": None}, "R").as_json()
+    event = recovered_event("collection", read, "pass-1", NOW, ZONE)
+    assert (event.facts["invoice"], event.facts["unread_fields"]) == (
+        read.invoice, ["invoice.paidDate"])
+    assert recovered_event("collection", dataclasses.replace(read, invoice=None), "pass-1",
+                           NOW, ZONE).facts["invoice"] is None
+    moved = RecordMapping.create({"invoice": "bill"}).read(
+        {**data, "invoice": None, "bill": data["invoice"]}, "R")
+    assert moved.invoice == read.invoice
+    block = data["invoice"]
+    assert isinstance(block, dict)
+    for bad, match in [({**block, "amountPaid": "0"}, "invoice.amountPaid must be a number"),
+                       ({**block, "amountDue": -1}, "must not be negative"),
+                       ({**block, "invoiceNo": 7}, "invoice.invoiceNo must be a string"),
+                       ({**block, "invoiceNo": "INV\x001"}, "cannot keep"),
+                       ([block], "invoice must be an object")]:
+        with pytest.raises(MappingError, match=match):
+            mapping.read({**data, "invoice": bad}, "R")
+
+
+def test_a_refunded_invoice_payment_is_settled_once_the_invoice_was_told() -> None:
+    """Flagged for a refund (recovered from a record without a block) that said nothing of
+    the invoice; its late webhook carrying the block tells the invoice: resolved then."""
+    row = {"outcome": None, "amount": None, "recovered": False, "settled": True,
+           "amount_paid": Decimal(900), "invoice_told": False}
+    assert settle("refunded_invoice_payment", {}, row) is None
+    assert settle("refunded_invoice_payment", {}, {**row, "invoice_told": True}) == (
+        "a refund carrying the invoice's block updated the invoice")

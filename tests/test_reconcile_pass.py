@@ -432,6 +432,10 @@ def test_a_part_payment_against_an_invoice_is_still_recovered_as_a_collection(
     assert result.recovered == ["PP-1"]
     assert rows(db_url, "SELECT reference, outcome, amount, recovered FROM hookledger.payments"
                 ) == [("PP-1", "success", Decimal(1500), True)]
+    # the record's invoice block reaches the invoice, as the lost webhook's would have
+    assert rows(db_url, "SELECT invoice_no, status, amount_paid, amount_due, settled "
+                        "FROM hookledger.invoices") == [
+        ("INV-1", "partially_paid", Decimal(1500), Decimal(48500), False)]
 
 
 def test_a_recovery_is_filed_under_the_reference_asked_whatever_the_provider_spells(

@@ -3,17 +3,21 @@ successful collections that a lost payment.refunded would otherwise hide for eve
 
 from __future__ import annotations
 
+import asyncio
 import os
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
 from hookledger.settings import Settings
+from projections.rebuild import verify
 from reconcile.wiring import config_from
 from sandbox.runner import running_sandbox
+from tests.general_events import INVOICE
 from tests.reconcile_helpers import CountingState, body, deliver, expect, reconcile, rows
 
 
@@ -168,3 +172,71 @@ def test_a_payment_confirmed_for_less_than_expected_is_checked_whatever_the_allo
     assert rows(db_url, "SELECT kind, reference, amount_at_risk, detail FROM "
                         "hookledger.discrepancies WHERE status = 'open'") == [
         ("amount_mismatch", "SH-1", Decimal(500), "1000 TZS paid of 1500 TZS expected")]
+
+
+def invoice_paid_by(db_url: str, payment: str, number: str) -> dict[str, Any]:
+    """Invoice ``number`` paid in full (50,000) by collection ``payment``, by webhooks;
+    the invoice block the provider's record of the refund would carry."""
+    block = {**INVOICE, "invoiceNo": number}
+    deliver(db_url, "payment.confirmed", 91000, reference=payment, amount=50000,
+            timestamp="20261122081000", invoice={**block, "amountPaid": 50000, "amountDue": 0})
+    deliver(db_url, "invoice.paid", 93002, reference=number, amount=50000, service="Invoicing",
+            timestamp="20261122081001",
+            invoice={**block, "amountPaid": 50000, "amountDue": 0,
+                     "paidDate": "2026-11-22T05:10:01.000Z"})
+    return {**block, "amountPaid": 0, "amountDue": 50000}
+
+
+def invoice_row(db_url: str) -> list[tuple[Any, ...]]:
+    return rows(db_url, "SELECT invoice_no, status, amount_paid, amount_due, settled, "
+                        "last_event FROM hookledger.invoices")
+
+
+def test_a_lost_refund_of_an_invoice_payment_owes_the_invoice_again(db_url: str) -> None:
+    """The refund's webhook lost, the provider's record of it carries the invoice's block:
+    the recovery moves the invoice as the webhook would have. It showed paid and settled
+    with the money gone back, and the general system never retries."""
+    block = invoice_paid_by(db_url, "PAY-R", "INV-R")
+    state = CountingState()
+    state.record_general(body("payment.refunded", 91010, reference="PAY-R", amount=50000,
+                              status="REVERSED", timestamp="20261122090000", invoice=block))
+    with running_sandbox(state=state) as api:
+        result = reconcile(db_url, api.url)
+    assert result.recovered == ["PAY-R"]
+    assert invoice_row(db_url) == [
+        ("INV-R", "open", Decimal(0), Decimal(50000), False, "payment.refunded")]
+    assert rows(db_url, "SELECT kind, subject, reference FROM hookledger.discrepancies") == [
+        ("missing_webhook", "collection", "PAY-R")]
+    assert rows(db_url, "SELECT payload->'invoice'->>'amount_due' FROM hookledger.ledger "
+                        "WHERE event_type = 'reconcile.recovered'") == [("50000",)]
+    assert asyncio.run(verify(db_url)).identical  # live and a rebuild agree
+
+
+def test_a_lost_refund_whose_record_has_no_block_is_flagged_on_the_invoice(
+        db_url: str) -> None:
+    """A record without the block says nothing of the invoice, which still counts the money:
+    flagged as a blockless refund webhook is. Should the webhook come late after all,
+    carrying the block, the invoice is owed again and the next pass resolves the finding
+    (and the missing_webhook the webhook answers)."""
+    block = invoice_paid_by(db_url, "PAY-R", "INV-R")
+    state = CountingState()
+    state.record_general(body("payment.refunded", 91010, reference="PAY-R", amount=50000,
+                              status="REVERSED", timestamp="20261122090000"))
+    start = datetime.now(UTC)
+    with running_sandbox(state=state) as api:
+        assert reconcile(db_url, api.url, now=start).recovered == ["PAY-R"]
+        assert invoice_row(db_url)[0][1:5] == ("paid", Decimal(50000), Decimal(0), True)
+        assert sorted(rows(db_url, "SELECT kind, subject, reference, status, amount_at_risk "
+                                   "FROM hookledger.discrepancies")) == [
+            ("missing_webhook", "collection", "PAY-R", "open", Decimal(50000)),
+            ("refunded_invoice_payment", "invoice", "INV-R", "open", Decimal(50000))]
+        deliver(db_url, "payment.refunded", 91010, reference="PAY-R", amount=50000,
+                status="REVERSED", timestamp="20261122090000", invoice=block)
+        later = reconcile(db_url, api.url, now=start + timedelta(minutes=5))
+    assert invoice_row(db_url) == [
+        ("INV-R", "open", Decimal(0), Decimal(50000), False, "payment.refunded")]
+    assert sorted(r["kind"] for r in later.resolved) == [
+        "missing_webhook", "refunded_invoice_payment"]
+    assert rows(db_url, "SELECT DISTINCT status FROM hookledger.discrepancies") == [
+        ("resolved",)]
+    assert asyncio.run(verify(db_url)).identical
