@@ -288,13 +288,21 @@ LEFT JOIN hookledger_private.payments p
        ON d.subject = 'collection' AND p.reference = d.reference
 LEFT JOIN hookledger_private.payouts o ON d.subject = 'payout' AND o.reference = d.reference
 LEFT JOIN hookledger_private.invoices i ON d.subject = 'invoice' AND i.invoice_no = d.reference
--- the refunded payment a refunded_invoice_payment names: its finding's id is that of the
--- key ``projections.general_folds`` gives it (migration 0004 computes ids alike)
-LEFT JOIN hookledger_private.payments r
-       ON d.kind = 'refunded_invoice_payment' AND r.invoice_no = d.reference
-      AND d.id = left(encode(sha256(convert_to(
-              'discrepancy:refunded_invoice_payment:invoice:' || d.reference
-              || ':payment:' || r.reference, 'UTF8')), 'hex'), 24)
+-- the refunded payment a refunded_invoice_payment names, by the evidence of the finding's
+-- own ledger event (its stream's index, then the payments' key: no scan of payments, which
+-- has no index on invoice_no); the event's id is its dedupe key's digest (migration 0004)
+LEFT JOIN LATERAL (
+    SELECT r.evidence
+    FROM hookledger_private.ledger_events e
+    JOIN hookledger_private.payments r
+      ON r.reference = substr(e.facts->'evidence'->>0, length('payment:') + 1)
+     AND r.invoice_no = d.reference
+    WHERE d.kind = 'refunded_invoice_payment'
+      AND e.stream = 'discrepancy:invoice:' || d.reference
+      AND e.event_type = 'discrepancy.detected'
+      AND left(encode(sha256(convert_to(e.dedupe_key, 'UTF8')), 'hex'), 24) = d.id
+    LIMIT 1
+) r ON true
 WHERE d.status = 'open'
   AND d.kind IN ('unresolved', 'missing_webhook', 'status_mismatch', 'amount_mismatch',
                  'unsettled_paid_invoice', 'cancelled_invoice_paid',
