@@ -24,6 +24,9 @@ from reconcile.report_files import atomic_text, spooled, stream_report
 from reconcile.report_render import FORMATS
 
 SKIPPED_EXIT = 3  # `reconcile` found another pass running and checked nothing
+# every subject it asked about was an API error: it learned nothing (a wrong API key or
+# base URL looks like this), and a script must not take it for "all clear"
+ALL_FAILED_EXIT = 4
 
 
 def _root() -> Settings:
@@ -57,6 +60,10 @@ def reconcile_command() -> None:
         click.echo(line)
     if result.skipped:  # nothing was checked: a script must not take it for "all clear"
         sys.exit(SKIPPED_EXIT)
+    if result.checked and result.results.get("error", 0) == result.checked:
+        click.echo("hookledger: every lookup failed; nothing was learned (check "
+                   "HOOKLEDGER_API_BASE_URL and HOOKLEDGER_API_KEY)", err=True)
+        sys.exit(ALL_FAILED_EXIT)
 
 
 def _since(value: str | None) -> datetime | None:

@@ -76,6 +76,30 @@ def test_expect_reconcile_and_report_from_the_command_line(
         "2026-01-01T00:00:00+00:00")
 
 
+def test_a_pass_whose_every_lookup_failed_exits_4_not_0(
+        db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every lookup an error (a wrong key or URL looks like this): exit 0 read as "all
+    clear" to a script. A pass with nothing to ask is no failure."""
+    from sandbox.faults import FaultSettings
+
+    state = CountingState()
+    state.record_general(body("payment.confirmed", 91000, reference="ERR-1", amount=5))
+    monkeypatch.setenv("HOOKLEDGER_DATABASE_URL", db_url)
+    monkeypatch.setenv("HOOKLEDGER_API_KEY", API_KEY)
+    monkeypatch.setenv("HOOKLEDGER_HOME", str(tmp_path))
+    runner = CliRunner()
+    assert runner.invoke(main, ["expect", "ERR-1", "--kind", "collection", "--amount", "5",
+                                "--initiated-at", "2026-01-01T00:00:00+00:00"]).exit_code == 0
+    with running_sandbox(state=state, faults=FaultSettings(error_rate=1.0)) as api:
+        monkeypatch.setenv("HOOKLEDGER_API_BASE_URL", api.url)
+        failed = runner.invoke(main, ["reconcile"])
+    assert failed.exit_code == 4, failed.output
+    assert "every lookup failed" in failed.output and "API errors" in failed.output
+    # the subject waits out its backoff now: a pass that asks nothing is no failure
+    idle = runner.invoke(main, ["reconcile"])
+    assert idle.exit_code == 0 and "checked 0 subject(s)" in idle.output, idle.output
+
+
 def test_db_url_prints_what_psql_takes_even_when_configured_for_sqlalchemy(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOOKLEDGER_HOME", str(tmp_path))
