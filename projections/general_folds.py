@@ -273,13 +273,13 @@ def fold_payment(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrep
     # a refund the invoice fold cannot key (no block, or one without its number, or a
     # recovered one without the provider's time): the invoice was never told. A recovered
     # refund kept before recoveries carried the record's block (no ``invoice`` in its
-    # facts) folds as it did, without. A late webhook carrying the block does tell the
-    # invoice: ``INVOICE_TOLD`` says so, and the reconcile pass then resolves the finding
-    # (``reconcile.checks.settle``), whichever of the two arrived first
-    if facts.get("outcome") == "refunded" and (
-            event.event_type != RECOVERED_EVENT or "invoice" in facts):
-        told = _payment_block(event) is not None
-        new["evidence"] = {**new["evidence"], INVOICE_TOLD if told else BLOCKLESS_REFUND: True}
+    # facts) folds as it did, without. The finding stays open for a person even when a
+    # later copy of the refund (its late webhook) carries the block: which refund told the
+    # invoice of what cannot be read from flags that outlive the refund they were about
+    # (a first part refund with its block, a second without, read as told)
+    if (facts.get("outcome") == "refunded" and _payment_block(event) is None
+            and (event.event_type != RECOVERED_EVENT or "invoice" in facts)):
+        new["evidence"] = {**new["evidence"], BLOCKLESS_REFUND: True}
     unlinked = _refund_unlinked(new)
     if unlinked is not None and (row is None or _refund_unlinked(row) is None):
         found.append(unlinked)  # the invoice's finding: the payment itself is consistent
@@ -288,8 +288,6 @@ def fold_payment(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrep
 
 # where ``evidence`` notes that a refund said nothing of an invoice
 BLOCKLESS_REFUND = "blockless_refund"
-# where ``evidence`` notes that a refund carried its invoice's block (the invoice was told)
-INVOICE_TOLD = "invoice_told"
 
 
 def _refund_unlinked(row: Row) -> Discrepancy | None:

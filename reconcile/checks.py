@@ -325,11 +325,6 @@ def settle(kind: str, facts: Mapping[str, Any], row: Mapping[str, Any] | None) -
         return None
     if kind == "unsettled_paid_invoice":
         return "the invoice is now settled" if row.get("settled") else None
-    if kind == "refunded_invoice_payment":
-        # a refund that carried the invoice's block came too (the late webhook of a refund
-        # recovered from a record without one): the invoice shows the money gone back
-        return ("a refund carrying the invoice's block updated the invoice"
-                if row.get("invoice_told") else None)
     if kind == "cancelled_invoice_paid":
         received = row.get("amount_paid")
         return ("the money received was refunded"

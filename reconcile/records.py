@@ -273,16 +273,38 @@ class RecordMapping:
             type=_word(data, self.paths["type"]), invoice=invoice, unread_fields=unread)
 
 
+INVOICE_AMOUNTS = frozenset({"total", "amountPaid", "amountDue"})
+
+
+def _numeric_text(item: Any) -> Any:
+    """A number spelled as text as that number (the record's own ``amount`` is read so);
+    anything else as it is, for the webhook's rules to judge."""
+    if isinstance(item, str):
+        try:
+            number = Decimal(item.strip())
+        except InvalidOperation:
+            return item
+        if number.is_finite():
+            return number
+    return item
+
+
 def _invoice_block(value: Any) -> tuple[dict[str, Any] | None, tuple[str, ...]]:
-    """The record's invoice block read by the webhook's rules: what a delivery's state is
-    decided on (invoice number, amounts) strictly, a :class:`MappingError` as such a
-    delivery is kept unprojected; what only describes leniently (left out, and named)."""
+    """The record's invoice block read by the webhook's rules (invoice number and amounts
+    strictly, what only describes leniently, left out and named). A block that cannot be
+    read so (an amount spelled as text, which a record's own amount may be) costs the
+    block, named in the unread fields, never the record: refused whole, the payment it
+    recovers was lost with it. A refund recovered without its block is then flagged on
+    its invoice as a blockless one is."""
     if value is None:
         return None, ()
+    if isinstance(value, dict):  # amounts spelled as text, as a record's own may be
+        value = {key: _numeric_text(item) if key in INVOICE_AMOUNTS else item
+                 for key, item in value.items()}
     try:
         block, unread = read_invoice_block(value)
-    except BodyError as exc:
-        raise MappingError(f"the record's {exc.detail or exc.reason}") from exc
+    except BodyError:
+        return None, ("invoice",)
     if any(isinstance(text, str) and not jsonb_can_hold(text) for text in block.values()):
-        raise MappingError("invoice holds a character the ledger cannot keep")
+        return None, ("invoice",)
     return block, tuple(unread)

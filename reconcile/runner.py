@@ -437,7 +437,7 @@ class Reconciler:
             view = None if not row["known"] else {
                 "subject": row["subject"], "outcome": row["outcome"], "amount": row["amount"],
                 "recovered": row["recovered"], "settled": row["settled"],
-                "amount_paid": row["amount_paid"], "invoice_told": row["invoice_told"]}
+                "amount_paid": row["amount_paid"]}
             reason = settle(row["kind"], row["facts"] or {}, view)
             if reason is None:
                 continue

@@ -281,32 +281,16 @@ SETTLE_SQL = """
 SELECT d.id, d.kind, d.subject, d.reference, d.facts,
        coalesce(p.outcome, o.outcome) AS outcome, coalesce(p.amount, o.amount) AS amount,
        coalesce(p.recovered, o.recovered, false) AS recovered, i.settled,
-       i.amount_paid, coalesce(r.evidence ? 'invoice_told', false) AS invoice_told,
+       i.amount_paid,
        (p.reference IS NOT NULL OR o.reference IS NOT NULL OR i.invoice_no IS NOT NULL) AS known
 FROM hookledger_private.discrepancies d
 LEFT JOIN hookledger_private.payments p
        ON d.subject = 'collection' AND p.reference = d.reference
 LEFT JOIN hookledger_private.payouts o ON d.subject = 'payout' AND o.reference = d.reference
 LEFT JOIN hookledger_private.invoices i ON d.subject = 'invoice' AND i.invoice_no = d.reference
--- the refunded payment a refunded_invoice_payment names, by the evidence of the finding's
--- own ledger event (its stream's index, then the payments' key: no scan of payments, which
--- has no index on invoice_no); the event's id is its dedupe key's digest (migration 0004)
-LEFT JOIN LATERAL (
-    SELECT r.evidence
-    FROM hookledger_private.ledger_events e
-    JOIN hookledger_private.payments r
-      ON r.reference = substr(e.facts->'evidence'->>0, length('payment:') + 1)
-     AND r.invoice_no = d.reference
-    WHERE d.kind = 'refunded_invoice_payment'
-      AND e.stream = 'discrepancy:invoice:' || d.reference
-      AND e.event_type = 'discrepancy.detected'
-      AND left(encode(sha256(convert_to(e.dedupe_key, 'UTF8')), 'hex'), 24) = d.id
-    LIMIT 1
-) r ON true
 WHERE d.status = 'open'
   AND d.kind IN ('unresolved', 'missing_webhook', 'status_mismatch', 'amount_mismatch',
-                 'unsettled_paid_invoice', 'cancelled_invoice_paid',
-                 'refunded_invoice_payment')
+                 'unsettled_paid_invoice', 'cancelled_invoice_paid')
 """
 
 

@@ -17,7 +17,6 @@ from ledger.jsonenc import dumps
 from projections.folding import Discrepancy
 from projections.general_folds import (
     BLOCKLESS_REFUND,
-    INVOICE_TOLD,
     amount_source,
     invoice_keys,
 )
@@ -704,8 +703,8 @@ def test_a_refund_recovered_without_a_block_is_flagged_like_its_webhook() -> Non
     """The provider's record of the refund says nothing of the invoice: the invoice still
     counts the money, as after a blockless refund webhook, and is flagged alike (the
     general system never retries, so nothing else would tell). Should the refund's webhook
-    come late carrying the block, the payment row says the invoice was told, whatever the
-    order, and the pass resolves the finding (``settle``)."""
+    come late carrying the block, the finding is still made once, in every order, and left
+    for a person (which refund told the invoice of what no flag on the row can say)."""
     part = ev("payment.confirmed", 91000, reference="PAY-1", amount=900,
               timestamp="20261122081000",
               invoice={**INVOICE, "amountPaid": 900, "amountDue": 0})
@@ -719,12 +718,10 @@ def test_a_refund_recovered_without_a_block_is_flagged_like_its_webhook() -> Non
         assert [(d.kind, d.subject, d.reference, d.evidence, d.amount_at_risk)
                 for d in found] == [("refunded_invoice_payment", "invoice", "INV-1",
                                      ("payment:PAY-1",), Decimal("900"))]
-        assert INVOICE_TOLD not in rows["PAY-1"]["evidence"]
     for order in permutations([part, recovered_refund, with_block]):
         rows, found = fold_all("payments", _in_order(*order))
         assert [d.evidence for d in found] == [("payment:PAY-1",)]  # once, in every order
-        evidence = rows["PAY-1"]["evidence"]
-        assert (evidence[BLOCKLESS_REFUND], evidence[INVOICE_TOLD]) == (True, True)
+        assert rows["PAY-1"]["evidence"][BLOCKLESS_REFUND] is True
     # one with a block, but no provider time: it has no place among the invoice's events
     timeless = recovered("collection", "PAY-1", "payment.refunded", 91010, 900, "REVERSED",
                          timestamp=None, invoice={**INVOICE, "amountPaid": 0,
@@ -789,7 +786,7 @@ def test_a_refund_recovered_with_its_block_takes_the_money_off_the_invoice() -> 
     # its payment row names the invoice, which was told: nothing to flag
     rows, found = fold_all("payments", _in_order(part, refund))
     assert (rows["PAY-1"]["outcome"], found) == ("refunded", [])
-    assert rows["PAY-1"]["evidence"][INVOICE_TOLD] is True
+    assert BLOCKLESS_REFUND not in rows["PAY-1"]["evidence"]
 
 
 def test_a_recovered_refund_never_overrides_a_later_webhook_of_its_invoice() -> None:
