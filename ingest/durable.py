@@ -31,13 +31,14 @@ def durable_folder(folder: Path, *, mode: int = 0o777) -> None:
 
 
 def open_private(path: Path, flags: str) -> BinaryIO:
-    """Open ``path`` for writing (``"xb"`` or ``"ab"``), a new file readable by its owner
-    alone, whatever the umask: the spool's files hold whole delivery bodies (customers'
-    names, phone numbers, amounts)."""
+    """Open ``path`` for writing (``"xb"`` or ``"ab"``), readable by its owner alone,
+    whatever the umask or an earlier release's mode: the spool's files hold whole delivery
+    bodies (customers' names, phone numbers, amounts)."""
     mode = {"xb": os.O_WRONLY | os.O_CREAT | os.O_EXCL,
             "ab": os.O_WRONLY | os.O_CREAT | os.O_APPEND}[flags]
     fd = os.open(path, mode | os.O_CLOEXEC, 0o600)
     try:
+        os.fchmod(fd, 0o600)  # one an earlier release made (0644) is made private too
         return cast(BinaryIO, os.fdopen(fd, flags))
     except BaseException:
         os.close(fd)

@@ -154,6 +154,10 @@ class Spool:
         self.folder = folder
         self.legacy = legacy  # where files of releases without per-database folders lie
         durable_folder(folder, mode=0o700)  # its files hold whole delivery bodies
+        folder.chmod(0o700)  # also one an earlier release made 0755, the files in it 0644
+        for old in folder.iterdir():
+            if old.is_file() and old.stat().st_mode & 0o077:
+                old.chmod(0o600)
         self._owner = owner  # None: this process's id (tests give two spools two owners)
         self._start = os.urandom(4).hex()  # this process start's own names (see above)
         self._generation = 0

@@ -202,23 +202,26 @@ def test_a_spool_file_survives_its_process_and_is_drainable_by_another(tmp_path:
 def test_the_spool_and_its_quarantine_are_readable_by_their_owner_alone(
         tmp_path: Path) -> None:
     """They hold whole delivery bodies (customers' names, phone numbers, amounts): under
-    the common umask 022 they were world-readable. An existing folder keeps its mode."""
-    tmp_path.chmod(0o755)
+    the common umask 022 they were world-readable, and so stay the folder and files an
+    earlier release made, unless the spool makes them private at start."""
     old_umask = os.umask(0o022)
     try:
         spool = Spool(tmp_path / "home" / "spool")
         spool.write([event(1)])
         spool.quarantine(event(2))
         spool.seal()
-        kept = Spool(tmp_path)  # a folder that was there already
+        earlier = tmp_path / "earlier"  # as the release before this one left them
+        earlier.mkdir(mode=0o755)
+        (earlier / QUARANTINE).write_bytes(b"")
+        (earlier / "spool-old-000001.hls").write_bytes(b"")
+        Spool(earlier).quarantine(event(3))
     finally:
         os.umask(old_umask)
-    assert (tmp_path / "home" / "spool").stat().st_mode & 0o777 == 0o700
-    assert tmp_path.stat().st_mode & 0o777 == 0o755
-    files = [p for p in (tmp_path / "home" / "spool").iterdir()]
-    assert {p.name for p in files} >= {QUARANTINE} and len(files) == 2
-    assert {p.stat().st_mode & 0o777 for p in files} == {0o600}
-    assert kept.folder == tmp_path
+    for folder in (tmp_path / "home" / "spool", earlier):
+        assert folder.stat().st_mode & 0o777 == 0o700
+        files = list(folder.iterdir())
+        assert QUARANTINE in {p.name for p in files} and len(files) == 2
+        assert {p.stat().st_mode & 0o777 for p in files} == {0o600}
 
 
 def test_an_empty_unnamed_file_a_crash_left_is_swept_and_no_other_is(tmp_path: Path) -> None:
