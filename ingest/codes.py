@@ -158,13 +158,17 @@ def code_contradicts_event(event: str, code: int | None) -> bool:
 
 def _foreign_listed_code(event: str, code: int) -> bool:
     """A listed code of another family whose event is not of the same kind: not a success
-    of another service on a success (92000 on ``payment.confirmed`` says the same), and not
-    a Collection code on an invoice event (the spec: a payment against an invoice reports
-    its outcome with the Collection codes)."""
+    of another service on a success (92000 on ``payment.confirmed`` says the same), nor a
+    failure on a failure (a reason keeps its last two digits across services), nor a
+    payment's confirmation on an invoice event other than its cancellation (the spec: a
+    payment against an invoice reports its outcome with the Collection codes); a refund's
+    code on ``invoice.paid``, or a payment's on ``invoice.cancelled``, is flagged."""
     listed = CODES.get(code)
     if listed is None or _family(listed.event) == _family(event):
         return False
     if _family(event) == "invoice" and _family(listed.event) == "payment":
+        return not (listed.event == "payment.confirmed" and event != "invoice.cancelled")
+    if outcome_of_event(listed.event) == outcome_of_event(event) == "failure":
         return False
     return not (_plain_success(listed.event) and _plain_success(event))
 

@@ -123,6 +123,8 @@ def test_a_listed_code_keeps_its_meaning_against_the_event_and_is_flagged(
     ("payment.confirmed", 93003, "success"),   # an invoice cancelled, on a payment
     ("payment.confirmed", 95063, "failure"),   # failure band: the band decides, as ever
     ("sms.delivered", 92002, "success"),
+    ("invoice.paid", 91010, "success"),        # a refund's code on a paid invoice
+    ("invoice.cancelled", 91000, "success"),   # a payment's, on a cancellation
 ])
 def test_a_listed_code_of_another_kind_of_event_is_flagged_and_read_by_the_event(
         event: str, code: int, outcome: str) -> None:
@@ -138,6 +140,8 @@ def test_a_listed_code_of_another_kind_of_event_is_flagged_and_read_by_the_event
     ("payment.refunded", 91010), ("payout.failed", 92057), ("payment.confirmed", 92000),
     # invoices report a payment's outcome with the Collection codes (the spec)
     ("invoice.updated", 91001), ("invoice.paid", 91000), ("payment.confirmed", 93002),
+    # a failure's reason keeps its last two digits across services
+    ("payout.failed", 91057), ("payment.failed", 92057), ("payment.failed", 94050),
 ])
 def test_a_code_that_agrees_with_its_event_is_not_flagged(event: str, code: int) -> None:
     assert read_general(body(event=event, code=code), EAT).facts["code_event_conflict"] is False
