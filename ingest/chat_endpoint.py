@@ -9,7 +9,10 @@ already kept is answered 200 with ``"duplicate": true`` so the provider stops re
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import structlog
@@ -46,6 +49,7 @@ SYSTEM = SOURCE
 SIGNATURE_HEADER = "x-service-signature"
 DELIVERY_ID_HEADER = "x-service-delivery-id"
 ATTEMPT_HEADER = "x-service-attempt"
+STALE_KEPT = 4096  # stale bodies remembered as kept whole, per process
 
 log = structlog.get_logger("hookledger.ingest")
 
@@ -75,6 +79,20 @@ class ChatEndpoint:
         self._metrics = metrics
         self._outcomes = metrics.outcomes(SYSTEM)
         self._error_causes = dict(error_causes)
+        # the digests of stale bodies kept whole lately (see the stale refusal below)
+        self._stale_kept: OrderedDict[bytes, None] = OrderedDict()
+
+    def _first_stale(self, body: bytes) -> bool:
+        """Whether ``body`` is the first stale copy of itself among the last
+        :data:`STALE_KEPT` this process kept whole."""
+        digest = hashlib.sha256(body).digest()
+        if digest in self._stale_kept:
+            self._stale_kept.move_to_end(digest)
+            return False
+        self._stale_kept[digest] = None
+        if len(self._stale_kept) > STALE_KEPT:
+            self._stale_kept.popitem(last=False)
+        return True
 
     async def __call__(self, request: DeliveryRequest) -> Response | responses.Accepted:
         received_at = datetime.now(UTC)
@@ -121,10 +139,14 @@ class ChatEndpoint:
         except chat_signature.ChatSignatureError as exc:
             # a stale signature is raised only once it matched: the bytes are authentic,
             # and kept as a verified body is (64 KiB, not a 1 KiB prefix), so that a
-            # delivery refused six times over a skewed clock can still be recovered
+            # delivery refused six times over a skewed clock can still be recovered. Only
+            # its first copy lately: anyone holding one genuine delivery can replay it
+            # stale for ever, and each copy kept whole grew the table 64 times as fast
             authentic = exc.reason == "stale_timestamp"
-            return await self._refuse(refusal(401, exc.reason, None, body, len(body),
-                                              authentic))
+            refused = refusal(401, exc.reason, None, body, len(body), authentic)
+            if authentic and not self._first_stale(body):
+                refused = replace(refused, short=True)
+            return await self._refuse(refused)
         # after the signature, as for general deliveries (see there)
         if encoding not in ("identity", ""):
             return await self._refuse(refusal(415, "unsupported_content_encoding",

@@ -36,10 +36,13 @@ class Refusal:
     body_size: int
     headers: Mapping[str, str]
     remote_addr: str | None
+    # a verified body kept as short as an unverified one: a copy already kept whole
+    short: bool = False
 
     def row(self) -> dict[str, Any]:
         """The row to store: an unverified body keeps only a short prefix (it may be junk)."""
-        keep = VERIFIED_PREFIX_BYTES if self.verified else UNVERIFIED_PREFIX_BYTES
+        keep = (VERIFIED_PREFIX_BYTES if self.verified and not self.short
+                else UNVERIFIED_PREFIX_BYTES)
         return {
             "received_at": self.received_at,
             "endpoint": self.endpoint,

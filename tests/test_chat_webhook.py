@@ -398,12 +398,15 @@ def test_a_stale_but_genuine_delivery_is_refused_as_stale(service: str, db_url: 
     """Refused, but recorded as the authentic delivery it is: verified, and its body kept
     past the 1 KiB an unverified one keeps."""
     raw = encode(inbound(text={"body": "x" * 3000}))
-    for t in (int(time.time()) - 400, int(time.time()) + 400):
+    for t in (int(time.time()) - 400, int(time.time()) + 400, int(time.time()) - 500):
         answer = post(service, PHONE, raw, secret=SECRETS[PHONE], t=t)
         assert answer.status_code == 401 and answer.json()["reason"] == "stale_timestamp"
-    assert rows(db_url, "SELECT reason, verified, body_prefix, body_size "
-                        "FROM hookledger.rejected_deliveries") == [
-        ("stale_timestamp", True, raw, len(raw))] * 2
+    # the first copy whole; later copies (anyone holding one genuine delivery can replay
+    # it stale for ever) as short as an unverified body, so a replay cannot fill the table
+    assert rows(db_url, "SELECT reason, verified, octet_length(body_prefix), body_size "
+                        "FROM hookledger.rejected_deliveries ORDER BY id") == [
+        ("stale_timestamp", True, len(raw), len(raw)),
+        ("stale_timestamp", True, 1024, len(raw)), ("stale_timestamp", True, 1024, len(raw))]
     assert count(db_url) == 0
     forged = post(service, PHONE, raw, secret="not-the-secret", t=int(time.time()) - 400)
     assert forged.json()["reason"] == "bad_signature"
