@@ -173,13 +173,18 @@ def median_of(label: str, runs: list[Load]) -> Load:
 
 def wrk_load(label: str, port: int, prefix: str, seconds: float, connections: int,
              threads: int) -> Load:
-    out = subprocess.run(
-        ["wrk", f"-t{threads}", f"-c{connections}", f"-d{max(1, round(seconds))}s",
-         "--timeout", "10s", "-s", str(LUA), f"http://127.0.0.1:{port}", "--", prefix,
-         str(threads)],
-        check=True, capture_output=True, text=True).stdout
-    for t in range(threads):  # each thread's "ready" marker (bench/wrk_presigned.lua)
-        Path(f"{prefix}.ready.{t}").unlink(missing_ok=True)
+    markers = [Path(f"{prefix}.ready.{t}") for t in range(threads)]
+    try:  # each thread's "ready" marker (bench/wrk_presigned.lua): none left from before,
+        for marker in markers:  # whose presence would let a thread start before the rest
+            marker.unlink(missing_ok=True)
+        out = subprocess.run(
+            ["wrk", f"-t{threads}", f"-c{connections}", f"-d{max(1, round(seconds))}s",
+             "--timeout", "10s", "-s", str(LUA), f"http://127.0.0.1:{port}", "--", prefix,
+             str(threads)],
+            check=True, capture_output=True, text=True).stdout
+    finally:
+        for marker in markers:
+            marker.unlink(missing_ok=True)
     line = next(x for x in out.splitlines() if x.startswith("{"))
     r = json.loads(line)
     if r["exhausted"]:

@@ -49,7 +49,7 @@ _SOCKET_PATH_MAX = 100  # sun_path is 108 bytes; keep room for ".s.PGSQL.5432"
 _UNSAFE_FOR_SERVER = re.compile(r"[',\\\"\x00-\x1f]")
 # what pg_ctl cannot start a server from: it hands the data folder and the log file to
 # /bin/sh in double quotes, where these still mean something
-_UNSAFE_FOR_PG_CTL = re.compile(r'["$`]')
+_UNSAFE_FOR_PG_CTL = re.compile(r'["$`]|\\\\')  # and two backslashes, which it makes one
 _START_TIMEOUT_S = 60
 
 # What every embedded server runs with unless ``server_settings`` says otherwise, each from
@@ -266,7 +266,8 @@ class EmbeddedPostgres:
         if _UNSAFE_FOR_PG_CTL.search(str(self.root)):
             raise EmbeddedPostgresError(
                 f"the embedded PostgreSQL cannot run in {self.root}: pg_ctl passes its folder "
-                f"to a shell, where a $, ` or \" in the path breaks the start. Set "
+                f"to a shell, where a $, `, \" or two backslashes in the path break the "
+                f"start. Set "
                 f"HOOKLEDGER_HOME to a folder without them, or HOOKLEDGER_DATABASE_URL")
         self.root.mkdir(parents=True, exist_ok=True)
         self.users_dir.mkdir(exist_ok=True)

@@ -61,8 +61,9 @@ def reconcile_command() -> None:
     if result.skipped:  # nothing was checked: a script must not take it for "all clear"
         sys.exit(SKIPPED_EXIT)
     if result.checked and result.results.get("error", 0) == result.checked:
-        click.echo("hookledger: every lookup failed; nothing was learned (check "
-                   "HOOKLEDGER_API_BASE_URL and HOOKLEDGER_API_KEY)", err=True)
+        click.echo("hookledger: every lookup failed; nothing was learned (the errors are "
+                   "above: refused or unreachable every time usually means "
+                   "HOOKLEDGER_API_BASE_URL or HOOKLEDGER_API_KEY)", err=True)
         sys.exit(ALL_FAILED_EXIT)
 
 

@@ -148,8 +148,9 @@ def test_verify_spells_the_digest_of_the_migrations_byte_for_byte() -> None:
 
 
 def test_the_trigger_hashes_every_kind_of_row_as_verify_does(db_url: str) -> None:
-    """The trigger writes the digest out inline (0010) and verify calls the function: rows
-    with and without raw bytes, endpoint, occurrence time and stored payload must agree."""
+    """The trigger writes the digest out inline (0010) and verify spells the same
+    expression in its own query: rows with and without raw bytes, endpoint, occurrence time
+    and stored payload must agree."""
     delivery = new_event("payment.confirmed", 91000, reference="KIND-1", amount=1000)
     own = replace(delivery, dedupe_key="own-event", raw_body=None, occurred_at=None,
                   headers={}, facts={}, payload_json='{"kind": "reconcile", "n": 1.50}')

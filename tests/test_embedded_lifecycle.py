@@ -156,7 +156,7 @@ def test_a_home_whose_path_holds_a_space_or_url_characters_serves(
         shutil.rmtree(top, ignore_errors=True)
 
 
-@pytest.mark.parametrize("folder", ["d$x", "back`tick", 'a"quote'])
+@pytest.mark.parametrize("folder", ["d$x", "back`tick", 'a"quote', "two\\\\slashes"])
 def test_a_home_pg_ctl_cannot_start_from_is_refused_naming_the_setting(
         tmp_path: Path, folder: str) -> None:
     """pg_ctl hands the data folder to /bin/sh in double quotes: with a $ the start failed
