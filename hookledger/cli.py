@@ -151,20 +151,23 @@ def main() -> None:
 def _migrate_and_check(url: str) -> None:
     """Apply migrations, then warn once when the database's collation puts the dedupe
     index at risk (:mod:`hookledger.collation`), or its default isolation the hash chain
-    behind a pooler (:mod:`hookledger.isolation`): what every long-running command and
+    or its default synchronous_commit the durability of an acknowledged delivery behind a
+    pooler (:mod:`hookledger.isolation`): what every long-running command and
     ``migrate`` do first. The command goes on all the same, and a check that cannot be
     made is no reason to stop either."""
     import psycopg
 
     from hookledger.collation import database_collation_concern
-    from hookledger.isolation import database_isolation_concern
+    from hookledger.isolation import database_durability_concern, database_isolation_concern
 
     migrate.upgrade(url)
     try:  # both checks on one new session: a start-up connection, not one per check
         with psycopg.connect(url, connect_timeout=10) as conn:
             concerns = [("database.collation_not_c", database_collation_concern(conn)),
                         ("database.isolation_not_read_committed",
-                         database_isolation_concern(conn))]
+                         database_isolation_concern(conn)),
+                        ("database.synchronous_commit_off",
+                         database_durability_concern(conn))]
     except psycopg.Error:
         return
     for event, concern in concerns:

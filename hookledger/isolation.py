@@ -8,6 +8,10 @@ there a later transaction runs on another server connection, at the database's o
 own default. With that default REPEATABLE READ or SERIALIZABLE, two events could chain to
 one predecessor and ``hookledger verify`` would call an untouched ledger tampered with.
 hookledger cannot tell a pooler from a server, so such a default is warned about.
+
+Likewise durable commits: hookledger raises a default ``synchronous_commit`` of ``off`` for
+its appending sessions, which behind such a pooler does not hold either, and a delivery
+could then be answered ``200`` before its commit is flushed.
 """
 
 from __future__ import annotations
@@ -38,3 +42,22 @@ def database_isolation_concern(conn: psycopg.Connection[Any]) -> str | None:
     hookledger's own, pinned by :func:`ledger.store.ready_to_append`, says nothing)."""
     row = conn.execute("SELECT current_setting('default_transaction_isolation')").fetchone()
     return isolation_concern(str(row[0])) if row else None
+
+
+def durability_concern(setting: str) -> str | None:
+    """Why the default ``synchronous_commit`` is a risk for acknowledged deliveries, or
+    None. Pure."""
+    if setting.strip().lower() != "off":
+        return None
+    return ("the database's default synchronous_commit is 'off': hookledger turns it on for "
+            "each of its appending sessions, but a connection pooler in transaction mode does "
+            "not keep that, and behind one a delivery could be answered 200 before its commit "
+            "is flushed (lost in a crash). Behind such a pooler, ALTER DATABASE ... SET "
+            "synchronous_commit = on (or for hookledger's role), or connect hookledger "
+            "directly or in session mode")
+
+
+def database_durability_concern(conn: psycopg.Connection[Any]) -> str | None:
+    """:func:`durability_concern` for the default ``conn``'s session started with."""
+    row = conn.execute("SELECT current_setting('synchronous_commit')").fetchone()
+    return durability_concern(str(row[0])) if row else None

@@ -115,8 +115,7 @@ def test_the_csv_report_reads_back_as_written_and_runs_no_formula(reference: str
     assert row["amount_at_risk"] == "10.50"
 
 
-def test_the_markdown_and_html_open_lists_show_each_detail_and_the_id_resolve_takes(
-        ) -> None:
+def test_the_open_lists_show_each_detail_and_the_id_resolve_takes() -> None:
     """The Markdown list showed neither what differs (the detail: amounts, what was
     recovered) nor the id ``hookledger resolve`` needs; the HTML one lacked the id."""
     report = hostile_report("C-3")
