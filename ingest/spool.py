@@ -31,6 +31,7 @@ for the next ``HLS1``; it never blocks the records after it.
 from __future__ import annotations
 
 import base64
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -146,6 +147,18 @@ def database_folder(spool_home: Path, identity: str) -> Path:
     return spool_home / f"db-{hashlib.sha256(identity.encode()).hexdigest()[:16]}"
 
 
+def make_private(folder: Path) -> None:
+    """The folder 0700 and its files 0600, as far as this process may: another process of
+    the same home may drain (remove) a file meanwhile, and a folder or file of another
+    owner is left as it is rather than stopping the start."""
+    with contextlib.suppress(PermissionError):
+        folder.chmod(0o700)
+    for path in folder.iterdir():
+        with contextlib.suppress(FileNotFoundError, PermissionError):
+            if path.is_file() and path.stat().st_mode & 0o077:
+                path.chmod(0o600)
+
+
 class Spool:
     """This process's spool: append with fsync, and hand closed files to the drainer."""
 
@@ -154,10 +167,7 @@ class Spool:
         self.folder = folder
         self.legacy = legacy  # where files of releases without per-database folders lie
         durable_folder(folder, mode=0o700)  # its files hold whole delivery bodies
-        folder.chmod(0o700)  # also one an earlier release made 0755, the files in it 0644
-        for old in folder.iterdir():
-            if old.is_file() and old.stat().st_mode & 0o077:
-                old.chmod(0o600)
+        make_private(folder)  # also one an earlier release made 0755, its files 0644
         self._owner = owner  # None: this process's id (tests give two spools two owners)
         self._start = os.urandom(4).hex()  # this process start's own names (see above)
         self._generation = 0
