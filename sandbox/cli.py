@@ -62,7 +62,7 @@ def sandbox() -> None:
               help="Bind address (loopback unless you really mean otherwise).")
 @click.option("--port", default=8090, show_default=True, type=int)
 @click.option("--api-key", default=DEFAULT_API_KEY, show_default=True,
-              help="The key the rotate call must carry in header apiToken.")
+              help="The key every API call must carry in header apiToken.")
 @click.option("--state", "state_file", type=click.Path(dir_okay=False, path_type=Path),
               help="JSON file of records, media and numbers (e.g. written by 'run --state').")
 @click.option("--faults", "faults_json", default=None,

@@ -19,12 +19,15 @@ Routes:
   general body's field names (``reference``, ``status``, ``amount``, ``event``, ``code``,
   ``transactionId``, ``customerReference``, ``service``, ``type``, ``timestamp``,
   ``invoice``...).
-* ``POST /api/v1/waba/webhook-secrets/{phoneNumberId}/rotate`` (header ``apiToken``):
-  ``data.secret`` is the new secret, returned this once.
+* ``POST /api/v1/waba/webhook-secrets/{phoneNumberId}/rotate``: ``data.secret`` is the
+  new secret, returned this once.
 * ``PATCH /api/v1/waba/phone-numbers/{id}``: body field ``webhookUrl`` (also accepted:
   ``webhook_url``, ``url``); ``data`` echoes ``id`` and ``webhookUrl``.
 * ``GET  /api/v1/waba/messages/{id}/media``: the media bytes, content type by media kind.
 * ``GET|POST|DELETE /_sandbox/faults``: read, change (JSON object of switches), clear.
+
+Every ``/api/v1/*`` route wants the API key in header ``apiToken`` (``40101``, HTTP 401,
+without it); the fault switches come first, as a proxy's would.
 
 Numbers not yet connected are connected on first use (this is a sandbox).
 """
@@ -115,6 +118,20 @@ def _faulty(faults: Faults, handler: Handler) -> Handler:
     return wrapped
 
 
+def _keyed(state: SandboxState, handler: Handler) -> Handler:
+    """Answer only a caller that sends the API key in ``apiToken``: the spec shows it on
+    the rotate call and says nothing of the others' authentication, and a sandbox that
+    asked for it nowhere else let a client that lost the header, or a wrong
+    ``HOOKLEDGER_API_KEY``, look as if it worked."""
+
+    async def keyed(request: Request) -> Response:
+        if request.headers.get("apiToken") != state.api_key:
+            return envelope(False, 40101, "invalid or missing apiToken", status=401)
+        return await handler(request)
+
+    return keyed
+
+
 def create_app(state: SandboxState, faults: Faults) -> Starlette:
     async def payment_by_reference(request: Request) -> Response:
         reference = request.path_params["reference"]
@@ -124,8 +141,6 @@ def create_app(state: SandboxState, faults: Faults) -> Starlette:
         return envelope(True, 1000, "Success", record)
 
     async def rotate_secret(request: Request) -> Response:
-        if request.headers.get("apiToken") != state.api_key:
-            return envelope(False, 40101, "invalid or missing apiToken", status=401)
         phone_number_id = request.path_params["phone_number_id"]
         secret = state.rotate(phone_number_id)
         return envelope(True, 1000, "Webhook secret rotated; it is shown only this once",
@@ -176,7 +191,7 @@ def create_app(state: SandboxState, faults: Faults) -> Starlette:
               methods=["PATCH"]),
         Route("/api/v1/waba/messages/{media_id}/media", media, methods=["GET"]),
     ]
-    routes = [Route(r.path, _faulty(faults, r.endpoint), methods=list(r.methods or []))
-              for r in api]
+    routes = [Route(r.path, _faulty(faults, _keyed(state, r.endpoint)),
+                    methods=list(r.methods or [])) for r in api]
     routes.append(Route("/_sandbox/faults", faults_endpoint, methods=["GET", "POST", "DELETE"]))
     return Starlette(routes=routes)

@@ -23,6 +23,7 @@ from sandbox.codes import (
 )
 from sandbox.runner import running_sandbox
 from sandbox.scenario import FaultRates, make_plan
+from sandbox.state import DEFAULT_API_KEY
 
 ENDPOINTS = ("primary", "backup", "third")
 
@@ -106,7 +107,8 @@ def test_every_event_is_either_dropped_or_sent_once_plus_at_most_two_copies(
 
 
 def _api(url: str, reference: str) -> dict[str, Any]:
-    answer = httpx.get(f"{url}/api/v1/payment/reference/{reference}", timeout=5)
+    answer = httpx.get(f"{url}/api/v1/payment/reference/{reference}", timeout=5,
+                       headers={"apiToken": DEFAULT_API_KEY})
     assert answer.status_code == 200, reference
     envelope = jsonenc.loads(answer.text)
     assert envelope["success"] is True

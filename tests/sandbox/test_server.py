@@ -28,8 +28,11 @@ def sandbox() -> Iterator[Sandbox]:
         yield running
 
 
+KEYED = {"apiToken": API_KEY}
+
+
 def get(url: str, **kwargs: object) -> httpx.Response:
-    return httpx.get(url, timeout=5, **kwargs)  # type: ignore[arg-type]
+    return httpx.get(url, timeout=5, headers=KEYED, **kwargs)  # type: ignore[arg-type]
 
 
 def test_sandbox_listens_on_loopback_only(sandbox: Sandbox) -> None:
@@ -61,11 +64,25 @@ def test_reference_api_answers_not_found_for_an_unknown_reference(sandbox: Sandb
     assert set(envelope) == {"success", "code", "message", "data"}
 
 
-def test_rotation_refuses_a_missing_or_wrong_api_token(sandbox: Sandbox) -> None:
-    url = f"{sandbox.url}/api/v1/waba/webhook-secrets/100001/rotate"
+@pytest.mark.parametrize(("method", "path"), [
+    ("POST", "/api/v1/waba/webhook-secrets/100001/rotate"),
+    ("GET", "/api/v1/payment/reference/C-77"),
+    ("PATCH", "/api/v1/waba/phone-numbers/100004"),
+    ("GET", "/api/v1/waba/messages/media-1/media"),
+])
+def test_every_api_route_refuses_a_missing_or_wrong_api_token(
+        sandbox: Sandbox, method: str, path: str) -> None:
+    """Asked for on the rotate call alone, a client that lost the header (or a wrong
+    HOOKLEDGER_API_KEY) looked as if it worked against the sandbox."""
+    sandbox.state.record_general(ev.payment_confirmed("C-77", Decimal(1500), AT,
+                                                      transaction_id="TX-1"))
+    sandbox.state.issue_media("media-1", "document")
     for headers in ({}, {"apiToken": "wrong"}):
-        answer = httpx.post(url, headers=headers, timeout=5)
-        assert answer.status_code == 401 and answer.json()["success"] is False
+        answer = httpx.request(method, f"{sandbox.url}{path}", headers=headers,
+                               json={"webhookUrl": "http://127.0.0.1:9/hook"}, timeout=5)
+        assert answer.status_code == 401 and answer.json()["code"] == 40101
+    number = sandbox.state.number("100004")
+    assert number is None or number.webhook_url != "http://127.0.0.1:9/hook"
 
 
 def test_rotation_returns_a_new_secret_once_and_later_deliveries_use_it(
@@ -133,7 +150,7 @@ def test_a_number_without_webhook_url_records_a_dead_delivery_never_sent(
 def test_patch_phone_number_sets_the_webhook_url_under_each_accepted_name(
         sandbox: Sandbox, field: str) -> None:
     answer = httpx.patch(f"{sandbox.url}/api/v1/waba/phone-numbers/100004",
-                         json={field: "http://127.0.0.1:9/hook"}, timeout=5)
+                         json={field: "http://127.0.0.1:9/hook"}, headers=KEYED, timeout=5)
     assert answer.status_code == 200 and answer.json()["data"]["webhookUrl"] == \
         "http://127.0.0.1:9/hook"
     number = sandbox.state.number("100004")
@@ -142,7 +159,7 @@ def test_patch_phone_number_sets_the_webhook_url_under_each_accepted_name(
 
 def test_patch_phone_number_without_a_url_is_a_bad_request(sandbox: Sandbox) -> None:
     answer = httpx.patch(f"{sandbox.url}/api/v1/waba/phone-numbers/100004",
-                         json={"other": "x"}, timeout=5)
+                         json={"other": "x"}, headers=KEYED, timeout=5)
     assert answer.status_code == 400 and answer.json()["success"] is False
 
 
@@ -192,7 +209,7 @@ def test_error_count_switch_answers_exactly_that_many_5xx(sandbox: Sandbox) -> N
 
 def test_error_rate_switch_answers_about_that_fraction_of_5xx(sandbox: Sandbox) -> None:
     sandbox.faults.set(error_rate=0.5, seed=3)
-    with httpx.Client(timeout=5) as client:
+    with httpx.Client(timeout=5, headers=KEYED) as client:
         statuses = [client.get(f"{sandbox.url}/api/v1/payment/reference/X").status_code
                     for _ in range(60)]
     errors = statuses.count(503)
@@ -210,7 +227,7 @@ def test_rate_limit_switch_answers_429_with_retry_after(sandbox: Sandbox) -> Non
 def test_timeout_switch_hangs_longer_than_the_client_waits(sandbox: Sandbox) -> None:
     sandbox.faults.set(timeout_count=1, hang_s=1.5)
     with pytest.raises(httpx.ReadTimeout):
-        httpx.get(f"{sandbox.url}/api/v1/payment/reference/X", timeout=0.3)
+        httpx.get(f"{sandbox.url}/api/v1/payment/reference/X", timeout=0.3, headers=KEYED)
     assert get(f"{sandbox.url}/api/v1/payment/reference/X").status_code == 404
 
 
