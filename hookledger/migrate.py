@@ -39,8 +39,8 @@ def require_head(url: str) -> None:
     commands that only read (``verify``, ``rebuild --verify``), which ran the migrations
     first and so failed with a traceback on a standby or for a read-only role (exit 1, the
     code of a tampered ledger), and changed a database they promise to leave alone."""
-    config = alembic_config(url)
-    head = ScriptDirectory.from_config(config).get_current_head()
+    scripts = ScriptDirectory.from_config(alembic_config(url))
+    head = scripts.get_current_head()
     engine = create_engine(sqlalchemy_url(url), poolclass=NullPool)
     try:
         with engine.connect() as connection:
@@ -53,7 +53,7 @@ def require_head(url: str) -> None:
         return
     if current is not None:
         try:
-            ScriptDirectory.from_config(config).get_revision(current)
+            scripts.get_revision(current)
         except CommandError:
             raise NotMigrated(
                 f"the database was migrated by a newer hookledger (to {current}); this "
