@@ -750,6 +750,13 @@ def refunded_invoice(refunded_at: str) -> tuple[StoredEvent, ...]:
     return created, part, paid, refund
 
 
+def assert_owed_again_by_the_refund(row: Row, found: list[Discrepancy]) -> None:
+    """INV-1 of :func:`refunded_invoice` after its refund: owed again, not settled."""
+    assert (row["status"], row["settled"], row["amount_paid"], row["amount_due"]) == (
+        "open", False, Decimal("0"), Decimal("900"))
+    assert (row["last_event"], row["total"], found) == ("payment.refunded", Decimal("900"), [])
+
+
 def test_a_refunded_part_payment_takes_its_money_off_the_invoice() -> None:
     """A refund that carries the invoice's block is money moved back: the invoice is owed
     again, in every arrival order. One without a block says nothing about the invoice."""
@@ -757,10 +764,7 @@ def test_a_refunded_part_payment_takes_its_money_off_the_invoice() -> None:
     for order in permutations([created, part, paid, refund]):
         rows, found = fold_all("invoices", _in_order(*order))
         row = rows["INV-1"]
-        assert (row["status"], row["settled"], row["amount_paid"], row["amount_due"]) == (
-            "open", False, Decimal("0"), Decimal("900"))
-        assert (row["last_event"], row["total"], found) == (
-            "payment.refunded", Decimal("900"), [])
+        assert_owed_again_by_the_refund(row, found)
     blockless = dataclasses.replace(refund, facts={
         k: v for k, v in refund.facts.items() if k != "invoice"})
     rows, _ = fold_all("invoices", _in_order(created, part, paid, blockless))
@@ -778,10 +782,7 @@ def test_a_refund_recovered_with_its_block_takes_the_money_off_the_invoice() -> 
     for order in permutations([created, part, paid, refund]):
         rows, found = fold_all("invoices", _in_order(*order))
         row = rows["INV-1"]
-        assert (row["status"], row["settled"], row["amount_paid"], row["amount_due"]) == (
-            "open", False, Decimal("0"), Decimal("900"))
-        assert (row["last_event"], row["total"], found) == (
-            "payment.refunded", Decimal("900"), [])
+        assert_owed_again_by_the_refund(row, found)
         assert row["updated_at"] == datetime(2026, 11, 22, 10, 0, tzinfo=EAT)
     # its payment row names the invoice, which was told: nothing to flag
     rows, found = fold_all("payments", _in_order(part, refund))

@@ -233,10 +233,16 @@ def test_a_blank_host_is_refused_rather_than_listening_on_every_interface(
 
 
 @pytest.mark.parametrize("blank", ["", "  "])
-def test_a_blank_home_is_refused_rather_than_taken_as_the_working_directory(
-        monkeypatch: pytest.MonkeyPatch, blank: str) -> None:
-    monkeypatch.setenv("HOOKLEDGER_HOME", blank)
-    with pytest.raises(ValidationError, match="home"):
+@pytest.mark.parametrize(("variable", "named"), [
+    # a blank home was taken as the working directory
+    ("HOOKLEDGER_HOME", "home"),
+    # a blank embedded OS user failed at useradd naming no setting
+    ("HOOKLEDGER_EMBEDDED_OS_USER", "embedded_os_user"),
+])
+def test_a_blank_folder_or_user_is_refused_naming_the_setting(
+        monkeypatch: pytest.MonkeyPatch, blank: str, variable: str, named: str) -> None:
+    monkeypatch.setenv(variable, blank)
+    with pytest.raises(ValidationError, match=named):
         Settings()
 
 
@@ -281,14 +287,6 @@ def test_record_paths_in_toml_may_be_the_variables_json_or_a_table(tmp_path: Pat
     assert Settings().reconcile_record_paths == {"status": "payment.state"}
     (tmp_path / "hookledger.toml").write_text("reconcile_record_paths = '{status'\n")
     with pytest.raises(ValidationError, match="not valid JSON"):
-        Settings()
-
-
-@pytest.mark.parametrize("blank", ["", "  "])
-def test_a_blank_embedded_os_user_is_refused_naming_the_setting(
-        monkeypatch: pytest.MonkeyPatch, blank: str) -> None:
-    monkeypatch.setenv("HOOKLEDGER_EMBEDDED_OS_USER", blank)
-    with pytest.raises(ValidationError, match="embedded_os_user"):
         Settings()
 
 
