@@ -9,7 +9,7 @@ from itertools import count
 from typing import Any
 from uuid import uuid4
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ingest.chat_body import DeliveryMeta, read_chat
@@ -187,3 +187,72 @@ def test_a_message_timestamped_in_the_future_opens_the_window_when_it_arrived() 
                                   received_at=received)  # delivered on a retry an hour on
     [row] = fold([retried], thread_keys, fold_thread).values()
     assert row["last_inbound_at"] == received - timedelta(hours=1)
+
+
+@st.composite
+def chat_history(draw: st.DrawFn) -> list[StoredEvent]:
+    """Inbound messages to two numbers from two customers, some in one second, some 24 h
+    apart to the second, some without their own time and counted from arrival, each
+    delivered once or twice under different delivery ids; and statuses of sent messages,
+    some without a time, some failed with a cause."""
+    events: list[StoredEvent] = []
+    for i in range(draw(st.integers(1, 6))):
+        contact = draw(st.sampled_from(["255700000001", "255700000002"]))
+        at = T0 + draw(st.sampled_from([0, 1, 86399, 86400, 86401]))
+        body = inbound(f"wamid.P{i}", at, contact=contact,
+                       name=draw(st.sampled_from(["Asha", "Asha M."])),
+                       kind=draw(st.sampled_from(["text", "image"])))
+        body["phoneNumberId"] = draw(st.sampled_from(["100001", "100002"]))
+        if draw(st.booleans()):
+            del body["message"]["timestamp"]
+        if draw(st.booleans()):
+            del body["profileName"]
+        for _ in range(draw(st.integers(1, 2))):
+            received = datetime.fromtimestamp(at + draw(st.sampled_from([0, 5, 3600])), UTC)
+            event = chat_event_for(body, body["phoneNumberId"])
+            events.append(dataclasses.replace(event, received_at=received))
+    for j in range(draw(st.integers(0, 3))):
+        for value in draw(st.lists(st.sampled_from(["sent", "delivered", "read", "failed"]),
+                                   max_size=5)):
+            body = status(f"wamid.S{j}", value, T0 + draw(st.integers(0, 3)),
+                          draw(st.sampled_from([None, (131047, "Re-engagement"),
+                                                (131026, "Undeliverable")]))
+                          if value == "failed" else None)
+            body["status"]["recipient_id"] = draw(st.sampled_from(["2557001", "2557002"]))
+            if draw(st.booleans()):
+                del body["status"]["timestamp"]
+            events.append(chat_event(body))
+    return events
+
+
+def chat_event_for(body: dict[str, Any], phone_number_id: str) -> StoredEvent:
+    read = read_chat(body, DeliveryMeta(phone_number_id=phone_number_id,
+                                        delivery_id=str(uuid4()), attempt=1))
+    now = datetime.now(UTC)
+    return StoredEvent(next(_positions), uuid4(), read.stream, read.event_type, "chat",
+                       read.dedupe_key, None, json.loads(json.dumps(read.facts)), now, now,
+                       read.occurred_at, None, {}, None, None)
+
+
+def folded_views(events: list[StoredEvent]) -> dict[str, dict[str, Row]]:
+    """Both chat projections, as a user sees them, after ``events`` in this order."""
+    views = {}
+    for keys, folder in ((message_keys, fold_message), (thread_keys, fold_thread)):
+        arrived = [dataclasses.replace(event, position=n)
+                   for n, event in enumerate(events, start=1)]
+        views[folder.__name__] = {
+            key: {k: v for k, v in row.items() if k not in HIDDEN}
+            for key, row in fold(arrived, keys, folder).items()}
+    return views
+
+
+@settings(max_examples=300)
+@given(chat_history(), st.randoms(use_true_random=False))
+def test_messages_and_threads_depend_on_the_deliveries_not_their_order(
+        events: list[StoredEvent], rng: Any) -> None:
+    """Retries reorder everything: a thread's window, its last message and its name, and
+    every message's status, cause and times are the same whatever order the same
+    deliveries (copies under other delivery ids included) arrived in."""
+    shuffled = list(events)
+    rng.shuffle(shuffled)
+    assert folded_views(shuffled) == folded_views(events)
