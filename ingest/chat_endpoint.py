@@ -42,6 +42,7 @@ from ingest.incoming import DeliveryRequest, path_label
 from ingest.json_body import parse_object
 from ingest.metrics import IngestMetrics
 from ingest.rejections import Refusal, RejectionLog
+from ingest.text_repair import chat_identifying, repaired_object, with_repairs
 from ingest.unstorable import is_unstorable, placeholder_payload
 from ledger import LedgerError
 
@@ -169,8 +170,14 @@ class ChatEndpoint:
             except BodyError as exc:
                 if not is_unstorable(exc):
                     raise
-                # a JSON object jsonb cannot hold: kept by its raw bytes, never refused
-                delivery, text = unstorable_chat(body, meta, exc), placeholder_payload(exc)
+                # a JSON object jsonb cannot hold: read with its describing text mended,
+                # or else kept by its raw bytes; never refused
+                if (repaired := repaired_object(body, exc, chat_identifying)) is not None:
+                    delivery, text = with_repairs(read_chat_or_malformed(
+                        repaired.body, meta, error_causes=self._error_causes), repaired), \
+                        repaired.text
+                else:
+                    delivery, text = unstorable_chat(body, meta, exc), placeholder_payload(exc)
             else:
                 delivery = read_chat_or_malformed(parsed, meta, error_causes=self._error_causes)
         except BodyError as exc:

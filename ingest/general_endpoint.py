@@ -30,6 +30,7 @@ from ingest.incoming import DeliveryRequest, path_label
 from ingest.json_body import parse_object
 from ingest.metrics import IngestMetrics
 from ingest.rejections import Refusal, RejectionLog
+from ingest.text_repair import general_identifying, repaired_object, with_repairs
 from ingest.unstorable import is_unstorable, placeholder_payload
 
 SYSTEM = "general"
@@ -109,8 +110,14 @@ class GeneralEndpoint:
             if not is_unstorable(exc):  # not a JSON object: the one 400 when signed
                 return await self._refuse(
                     refusal(400, exc.reason, exc.detail, body, len(body), True))
-            # a JSON object jsonb cannot hold: kept by its raw bytes, never refused
-            delivery, text = unstorable_general(body, exc), placeholder_payload(exc)
+            # a JSON object jsonb cannot hold: read with its describing text mended, or
+            # else kept by its raw bytes; never refused
+            if (repaired := repaired_object(body, exc, general_identifying)) is not None:
+                delivery, text = with_repairs(
+                    read_general_or_malformed(repaired.body, self._zone), repaired), \
+                    repaired.text
+            else:
+                delivery, text = unstorable_general(body, exc), placeholder_payload(exc)
         else:
             delivery = read_general_or_malformed(parsed, self._zone)
         if delivery.event_type == MALFORMED_EVENT_TYPE:

@@ -356,11 +356,38 @@ def test_an_unusable_delivery_id_is_kept_once_keyed_by_the_body(
     assert rows(db_url, "SELECT count(*) FROM hookledger.rejected_deliveries") == [(0,)]
 
 
+def test_half_an_emoji_in_a_message_text_is_mended_and_opens_the_window(
+        service: str, db_url: str) -> None:
+    """Half an emoji (a lone surrogate, which jsonb cannot hold) in the text and in the
+    customer's name only describes the message: it is read with U+FFFD in its place, and
+    the customer who just wrote has an open window, as for any inbound message."""
+    body = inbound(message_id="wamid.HALF", text={"body": "Asante @HALF"},
+                   timestamp=str(int(time.time())))
+    body["profileName"] = "Asha @HALF"
+    raw = encode(body).replace(b"@HALF", b"\\ud83d")
+    answers = [post(service, PHONE, raw, secret=SECRETS[PHONE]) for _ in range(2)]
+    assert [a.status_code for a in answers] == [200, 200], answers[0].text
+    assert [a.json()["duplicate"] for a in answers] == [False, True]
+    [(event_type, stored, facts)] = rows(
+        db_url, "SELECT event_type, raw_body, facts FROM hookledger.ledger "
+                "WHERE source = 'chat'")
+    assert (event_type, bytes(stored)) == ("chat.message.received", raw)
+    assert facts["repaired_fields"] == ["message.text.body", "profileName"]
+    assert (facts["body"], facts["profile_name"]) == ("Asante \ufffd", "Asha \ufffd")
+    assert wait_for(lambda: rows(
+        db_url, "SELECT profile_name, window_open FROM hookledger.chat_threads")) == [
+        ("Asha \ufffd", True)]
+    assert rows(db_url, "SELECT body FROM hookledger.chat_messages") == [("Asante \ufffd",)]
+
+
 def test_a_chat_body_jsonb_cannot_hold_is_kept_by_its_raw_bytes_unless_for_another_number(
         service: str, db_url: str) -> None:
-    """Half an emoji in a message's text is a lone surrogate: jsonb cannot hold it, yet the
-    platform would retry and then drop the delivery, so it is kept."""
-    raw = encode(inbound(message_id="wamid.HALF", text={"body": "Asante \ud83d"}))
+    """A NUL in the customer's id cannot be mended (it would file the message under an id
+    the platform never sent), yet the platform would retry and then drop the delivery, so
+    it is kept by its raw bytes."""
+    raw = encode(inbound(message_id="wamid.HALF")).replace(b'"contactWaId":"255712345678"',
+                                                           b'"contactWaId":"2557\\u0000"')
+    assert b"\\u0000" in raw
     answers = [post(service, PHONE, raw, secret=SECRETS[PHONE]) for _ in range(2)]
     assert [a.status_code for a in answers] == [200, 200], answers[0].text
     assert [a.json()["duplicate"] for a in answers] == [False, True]
@@ -370,9 +397,9 @@ def test_a_chat_body_jsonb_cannot_hold_is_kept_by_its_raw_bytes_unless_for_anoth
     assert (event_type, bytes(stored), stream) == ("chat.malformed", raw,
                                                    "chat-message:wamid.HALF")
     assert (facts["reason"], facts["unstorable"], facts["kind"]) == (
-        "invalid_unicode", True, "message")
+        "nul_character", True, "message")
     elsewhere = encode(inbound(phone="2000000002", text={"body": "\u0000"}))
-    refused = post(service, PHONE, elsewhere, secret=SECRETS[PHONE])
+    refused = post(service, PHONE, elsewhere, secret=SECRETS[PHONE], delivery_id="dlv-2")
     assert refused.status_code == 400 and refused.json()["reason"] == "phone_number_mismatch"
     assert rows(db_url, "SELECT count(*) FROM hookledger.ledger WHERE source = 'chat'") == [
         (1,)]

@@ -25,6 +25,7 @@ from ingest.general_body import (
     unstorable_general,
 )
 from ingest.json_body import parse_object
+from ingest.text_repair import chat_identifying, general_identifying, repaired_object
 from ingest.unstorable import is_unstorable
 from ledger.jsonenc import dumps
 from tests.chat_events import PHONE, inbound, status
@@ -49,16 +50,20 @@ def storable(facts: dict[str, Any]) -> None:
 
 
 def kept_general(raw: bytes) -> None:
-    """A JSON object is always kept, with storable facts: read, flagged malformed, or (when
-    jsonb cannot hold it) kept by its raw bytes."""
+    """A JSON object is always kept, with storable facts: read, flagged malformed, read
+    with its describing text mended, or (when jsonb cannot hold it) kept by its raw bytes."""
     try:
         parsed, _ = parse_object(raw)
     except BodyError as exc:
-        if is_unstorable(exc):
+        if not is_unstorable(exc):
+            return
+        if (repaired := repaired_object(raw, exc, general_identifying)) is None:
             kept = unstorable_general(raw, exc)
             assert kept.event_type == MALFORMED_EVENT_TYPE and kept.facts["unstorable"]
             storable(kept.facts)
-        return
+            return
+        parsed = repaired.body
+        parse_object(repaired.text.encode("utf-8"))  # jsonb holds the payload now
     read = read_general_or_malformed(parsed, EAT)
     assert read.event_type in {*GENERAL_EVENTS, UNRECOGNISED_EVENT_TYPE, MALFORMED_EVENT_TYPE}
     assert (read.event_type == MALFORMED_EVENT_TYPE) == bool(read.facts.get("malformed"))
@@ -70,9 +75,13 @@ def kept_chat(raw: bytes, meta: DeliveryMeta) -> None:
         try:
             parsed, _ = parse_object(raw)
         except BodyError as exc:
-            if is_unstorable(exc):
+            if not is_unstorable(exc):
+                return
+            if (repaired := repaired_object(raw, exc, chat_identifying)) is None:
                 storable(unstorable_chat(raw, meta, exc).facts)
-            return
+                return
+            parsed = repaired.body
+            parse_object(repaired.text.encode("utf-8"))  # jsonb holds the payload now
         read = read_chat_or_malformed(parsed, meta)
     except BodyError as exc:
         assert exc.reason == "phone_number_mismatch"

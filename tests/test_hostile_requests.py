@@ -83,8 +83,13 @@ UNSTORABLE = [
     ("NUL in the reference", replace("reference", '"A\\u0000B"'), "nul_character", None),
     ("lone surrogate in the reference", replace("reference", '"\\ud800"'), "invalid_unicode",
      None),
-    ("half an emoji in a name", replace("customer", '{"firstname": "Asha \\ud83d"}'),
+    # mending would invent an id the provider never sent (ingest.text_repair)
+    ("half an emoji in the transaction id", replace("transactionId", '"TX-\\ud83d"'),
      "invalid_unicode", "HOSTILE"),
+    ("half an emoji in a name, a NUL in the reference",
+     json.dumps(dict(GOOD, reference="H@NUL", customer={"firstname": "Asha @HALF"}))
+     .replace("@NUL", "\\u0000").replace("@HALF", "\\ud83d").encode(),
+     "nul_character", None),
 ]
 
 
@@ -116,6 +121,35 @@ def test_a_signed_object_jsonb_cannot_hold_is_kept_by_its_raw_bytes_and_reported
         db_url, "SELECT kind, reference FROM hookledger.discrepancies"))
     assert found == [("malformed_delivery", reference or "")]
 
+
+
+def test_half_an_emoji_in_a_customer_name_is_mended_and_the_payment_kept(
+        service: str, db_url: str) -> None:
+    """A name cut in the middle of an emoji only describes the customer: the payment is
+    read and projected with U+FFFD in its place, the raw bytes kept exactly, and the same
+    event through another URL is still one event."""
+    raw = json.dumps(dict(GOOD, customer=dict(GOOD["customer"], firstname="Asha @HALF"),
+                          message="Paid \x00")).replace("@HALF", "\\ud83d").encode()
+    assert b"\\ud83d" in raw and b"\\u0000" in raw
+    answer = post(service, "primary", raw, secret=SECRETS["primary"])
+    assert answer.status_code == 200 and answer.json()["duplicate"] is False, answer.text
+    [(event_type, stored, payload, facts, stream)] = rows(
+        db_url, "SELECT event_type, raw_body, payload, facts, stream FROM hookledger.ledger "
+                "WHERE source = 'general'")
+    assert (event_type, bytes(stored), stream) == ("payment.confirmed", raw,
+                                                   "collection:HOSTILE")
+    assert facts["repaired_fields"] == ["customer.firstname", "message"]
+    assert "unstorable" not in facts and "malformed" not in facts
+    assert payload["customer"]["firstname"] == "Asha \ufffd"
+    assert payload["message"] == "Paid \ufffd"
+    assert payload["amount"] == GOOD["amount"]  # numbers as sent, not rewritten
+    other = re.sub(rb'"payloadSignature": "[^"]*"', b'"payloadSignature": "b4ckup"', raw)
+    via_backup = post(service, "backup", other, secret=SECRETS["backup"])
+    assert via_backup.status_code == 200 and via_backup.json()["duplicate"] is True
+    assert wait_for(lambda: rows(
+        db_url, "SELECT reference, outcome FROM hookledger.payments")) == [
+        ("HOSTILE", "success")]
+    assert rows(db_url, "SELECT count(*) FROM hookledger.discrepancies") == [(0,)]
 
 def test_a_signed_event_the_database_refuses_is_kept_by_its_raw_bytes_not_lost(
         service: str, db_url: str) -> None:
