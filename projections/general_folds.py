@@ -148,13 +148,15 @@ def _amount_text(amount: Decimal) -> str:
 
 
 def _code_contradiction(subject: str, event: StoredEvent, counts_as: str,
-                        at_risk: Decimal | None) -> Discrepancy:
+                        at_risk: Decimal | None, *,
+                        reference: str | None = None) -> Discrepancy:
     """A delivery whose code contradicts its event name: the code decided, or (a success
     code of another service on a ``*.failed`` event, a listed code of another family) the
-    event name did; the detail says which reading counted."""
+    event name did; the detail says which reading counted. Filed under ``reference``, else
+    the delivery's (an invoice's row is keyed by its block's number)."""
     facts = event.facts
     return Discrepancy(
-        kind="conflicting_events", subject=subject, reference=facts["reference"],
+        kind="conflicting_events", subject=subject, reference=reference or facts["reference"],
         detail=f"code {facts.get('code')} contradicts event {facts['event']}; it counts as "
                f"{counts_as}",
         amount_at_risk=at_risk, evidence=(event.dedupe_key,))
@@ -604,6 +606,13 @@ def fold_invoice(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrep
                 detail=f"invoice.paid arrived with amountDue {due}; not settled",
                 amount_at_risk=due, evidence=(event.dedupe_key,)))
             state["conflicted"] = True
+    if event.event_type.startswith("invoice.") and facts.get("code_event_conflict"):
+        # the invoice is read from its block whatever the code says (a refund's code on
+        # invoice.paid, a failure's): the code's other word is for a person, as a
+        # payment's or an SMS's is, not only a flag in the event's facts
+        found.append(_code_contradiction("invoice", event, facts["event"],
+                                         values["amount_paid"] or None, reference=number))
+        state["conflicted"] = True
     if cancelled_now and (held := values["amount_paid"]) is not None and held > 0:
         # the event's own word (cancelled, with this much received), not the row's, so the
         # findings are the same whatever order the events arrive in; money received after

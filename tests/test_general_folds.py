@@ -328,6 +328,29 @@ def test_invoice_paid_with_something_still_due_does_not_settle() -> None:
         ("unsettled_paid_invoice", Decimal("100"))]
 
 
+@pytest.mark.parametrize("code", [91010, 91055, 93050])
+def test_an_invoice_event_whose_code_contradicts_it_is_a_finding(code: int) -> None:
+    """Read from its block as ever, and told to a person as a payment's would be: filed
+    under the invoice's number, once, with the money the block says received."""
+    paid = ev("invoice.paid", code, reference="INV-1", amount=900, service="Invoicing",
+              timestamp="20261122082000",
+              invoice={**INVOICE, "invoiceNo": "INV-1", "amountPaid": 900, "amountDue": 0})
+    rows, found = fold_all("invoices", [paid])
+    assert (rows["INV-1"]["status"], rows["INV-1"]["settled"]) == ("paid", True)
+    assert rows["INV-1"]["conflicted"] is True
+    assert [(d.kind, d.subject, d.reference, d.amount_at_risk) for d in found] == [
+        ("conflicting_events", "invoice", "INV-1", Decimal("900"))]
+    assert found[0].detail == (f"code {code} contradicts event invoice.paid; it counts as "
+                               "invoice.paid")
+
+
+def test_an_invoice_event_whose_code_agrees_is_no_finding() -> None:
+    rows, found = fold_all("invoices", [
+        invoice_event("invoice.updated", 91001, 300, 600, "20261122081000"),
+        invoice_event("invoice.paid", 91000, 900, 0, "20261122082000")])
+    assert found == [] and rows["INV-1"]["conflicted"] is False
+
+
 def test_the_amount_field_of_an_invoice_event_is_never_money_received() -> None:
     rows, _ = fold_all("invoices", [invoice_event("invoice.created", 93000, 0, 900,
                                                   "20261122080000")])

@@ -146,6 +146,26 @@ def test_distinct_events_on_one_reference_are_all_kept(service: str, db_url: str
         ("payment.confirmed",), ("payment.refunded",)]
 
 
+@pytest.mark.parametrize("code", [91010, 91055, 93050])
+def test_an_invoice_event_whose_code_contradicts_it_is_told_to_a_person(
+        service: str, db_url: str, code: int) -> None:
+    """``invoice.paid`` carrying a refund's code, or a failure's: the invoice is read from
+    its block (paid, settled), and the code's other word is a finding, as a payment's or an
+    SMS's is. It was flagged in ``facts`` only, where no person looks."""
+    raw = encode(general_body("invoice.paid", code, reference="INV-CODE", service="Invoicing",
+                              amount=50000, invoice={**INVOICE, "invoiceNo": "INV-CODE",
+                                                     "amountPaid": 50000, "amountDue": 0}))
+    assert post(service, "primary", raw, secret=SECRETS["primary"]).status_code == 200
+    assert wait_for(lambda: rows(db_url, "SELECT status, settled, conflicted "
+                                         "FROM hookledger.invoices WHERE invoice_no = "
+                                         "'INV-CODE'")) == [("paid", True, True)]
+    [(kind, subject, detail)] = wait_for(lambda: rows(
+        db_url, "SELECT kind, subject, detail FROM hookledger.discrepancies "
+                "WHERE reference = 'INV-CODE'"))
+    assert (kind, subject) == ("conflicting_events", "invoice")
+    assert f"code {code} contradicts event invoice.paid" in detail
+
+
 def test_a_ping_or_unknown_event_is_answered_200_and_kept_flagged(service: str,
                                                                    db_url: str) -> None:
     for raw in (b'{"test": true}', encode({"event": "payment.teleported", "reference": "X"})):
