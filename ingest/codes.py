@@ -153,7 +153,17 @@ def code_contradicts_event(event: str, code: int | None) -> bool:
     listed = _listed_outcome(event, code)
     return (outcome(event, code) != by_event or (listed is not None and listed != by_event)
             or (by_event == "failure" and not is_failure_code(code))
-            or _foreign_listed_code(event, code))
+            or _foreign_listed_code(event, code) or _sibling_listed_code(event, code))
+
+
+def _sibling_listed_code(event: str, code: int) -> bool:
+    """A listed code of another event of the same family: the invoice codes all read as a
+    success, so 93003 (cancelled) on ``invoice.paid`` said nothing by its outcome, though a
+    receiver branching on the code cancels the invoice. (In the other families such a code
+    reads otherwise than its event, and is flagged for that already.)"""
+    listed = CODES.get(code)
+    return (listed is not None and _family(listed.event) == _family(event)
+            and listed.event != event)
 
 
 def _foreign_listed_code(event: str, code: int) -> bool:

@@ -125,6 +125,12 @@ def test_a_listed_code_keeps_its_meaning_against_the_event_and_is_flagged(
     ("sms.delivered", 92002, "success"),
     ("invoice.paid", 91010, "success"),        # a refund's code on a paid invoice
     ("invoice.cancelled", 91000, "success"),   # a payment's, on a cancellation
+    # another invoice event's code: every invoice code reads as a success, yet each names
+    # its own event (a receiver branching on 93003 cancels the invoice)
+    ("invoice.paid", 93003, "success"),
+    ("invoice.cancelled", 93002, "success"),
+    ("invoice.updated", 93003, "success"),
+    ("invoice.paid", 93001, "success"),
 ])
 def test_a_listed_code_of_another_kind_of_event_is_flagged_and_read_by_the_event(
         event: str, code: int, outcome: str) -> None:

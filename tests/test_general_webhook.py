@@ -146,12 +146,13 @@ def test_distinct_events_on_one_reference_are_all_kept(service: str, db_url: str
         ("payment.confirmed",), ("payment.refunded",)]
 
 
-@pytest.mark.parametrize("code", [91010, 91055, 93050])
+@pytest.mark.parametrize("code", [91010, 91055, 93050, 93003, 93001])
 def test_an_invoice_event_whose_code_contradicts_it_is_told_to_a_person(
         service: str, db_url: str, code: int) -> None:
-    """``invoice.paid`` carrying a refund's code, or a failure's: the invoice is read from
-    its block (paid, settled), and the code's other word is a finding, as a payment's or an
-    SMS's is. It was flagged in ``facts`` only, where no person looks."""
+    """``invoice.paid`` carrying a refund's code, a failure's, or another invoice event's (a
+    cancellation's, a re-save's): the invoice is read from its block (paid, settled), and
+    the code's other word is a finding, as a payment's or an SMS's is. It was flagged in
+    ``facts`` only, where no person looks, and another invoice event's code not at all."""
     raw = encode(general_body("invoice.paid", code, reference="INV-CODE", service="Invoicing",
                               amount=50000, invoice={**INVOICE, "invoiceNo": "INV-CODE",
                                                      "amountPaid": 50000, "amountDue": 0}))
