@@ -155,9 +155,15 @@ def _number(body: dict[str, Any], key: str, *, required: bool = False,
 
 
 def _code(body: dict[str, Any]) -> int | None:
+    """The code, an integer: JSON has one number type, so ``91055.0`` is the integer 91055
+    (as JSON Schema reads it, and a chat error code is read); it made a signed failure
+    malformed, in no projection. A fraction that is not zero is refused."""
     value = body.get("code")
     if value is None:
         return None
+    if isinstance(value, Decimal) and value.is_finite() \
+            and value == value.to_integral_value() and value.adjusted() < 5:
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise BodyError("invalid_field", "code must be an integer")
     if not 90000 <= value <= 99999:

@@ -194,6 +194,8 @@ def test_unknown_events_and_pings_are_kept_flagged(payload: dict[str, Any]) -> N
     ({"timestamp": "20261322083000"}, "invalid_field"),
     ({"code": "91000"}, "invalid_field"),
     ({"code": 123}, "invalid_field"),
+    ({"code": Decimal("91000.5")}, "invalid_field"),
+    ({"code": Decimal("123.0")}, "invalid_field"),
     ({"invoice": {"amountDue": "0"}}, "invalid_field"),
     ({"invoice": "INV-1"}, "invalid_field"),
 ])

@@ -167,6 +167,22 @@ def test_an_invoice_event_whose_code_contradicts_it_is_told_to_a_person(
     assert f"code {code} contradicts event invoice.paid" in detail
 
 
+@pytest.mark.parametrize("spelled", ["91055.0", "9.1055e4", "91055.000"])
+def test_a_code_written_as_a_whole_number_with_a_fraction_is_that_code(
+        service: str, db_url: str, spelled: str) -> None:
+    """JSON has one number type: 91055.0 is the integer 91055 (as JSON Schema has it, and
+    as a chat error code is read). It made the failure malformed, in no projection."""
+    raw = encode(general_body("payment.failed", 91055, reference="R-CODE", amount=0,
+                              status="FAILED", transaction_id="-1")).replace(
+        b'"code": 91055', f'"code": {spelled}'.encode())
+    assert spelled.encode() in raw
+    assert post(service, "primary", raw, secret=SECRETS["primary"]).status_code == 200
+    assert rows(db_url, "SELECT event_type, facts->'code' FROM hookledger.ledger") == [
+        ("payment.failed", 91055)]
+    assert wait_for(lambda: rows(db_url, "SELECT outcome, code FROM hookledger.payments "
+                                         "WHERE reference = 'R-CODE'")) == [("failure", 91055)]
+
+
 def test_a_ping_or_unknown_event_is_answered_200_and_kept_flagged(service: str,
                                                                    db_url: str) -> None:
     for raw in (b'{"test": true}', encode({"event": "payment.teleported", "reference": "X"})):
