@@ -149,7 +149,9 @@ def _number(body: dict[str, Any], key: str, *, required: bool = False,
     amount = Decimal(value)
     if amount < 0:
         raise BodyError("invalid_field", f"{where}{key} must not be negative")
-    if abs(amount.adjusted()) > 15:
+    # the exponent of zero tells nothing: 0E-20 (a failure's amount, written with twenty
+    # decimals) read as out of range, and the failure as malformed
+    if amount and abs(amount.adjusted()) > 15:
         raise BodyError("invalid_field", f"{where}{key} is out of range for money")
     return amount
 

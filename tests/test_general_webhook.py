@@ -183,6 +183,21 @@ def test_a_code_written_as_a_whole_number_with_a_fraction_is_that_code(
                                          "WHERE reference = 'R-CODE'")) == [("failure", 91055)]
 
 
+@pytest.mark.parametrize("spelled", ["0.00000000000000000000", "0E-20", "0e20"])
+def test_an_amount_of_zero_with_many_decimals_is_zero(service: str, db_url: str,
+                                                      spelled: str) -> None:
+    """A failure's amount is 0, however many decimal places its encoder wrote: it read as
+    out of range for money (the exponent of nothing), and the failure was malformed."""
+    raw = encode(general_body("payment.failed", 91051, reference="R-ZERO", amount=0,
+                              status="CANCELLED", transaction_id="-1")).replace(
+        b'"amount": 0', f'"amount": {spelled}'.encode())
+    assert spelled.encode() in raw
+    assert post(service, "primary", raw, secret=SECRETS["primary"]).status_code == 200
+    assert rows(db_url, "SELECT event_type FROM hookledger.ledger") == [("payment.failed",)]
+    assert wait_for(lambda: rows(db_url, "SELECT outcome, amount FROM hookledger.payments "
+                                         "WHERE reference = 'R-ZERO'")) == [("failure", 0)]
+
+
 def test_a_ping_or_unknown_event_is_answered_200_and_kept_flagged(service: str,
                                                                    db_url: str) -> None:
     for raw in (b'{"test": true}', encode({"event": "payment.teleported", "reference": "X"})):
