@@ -264,32 +264,48 @@ def decide(local: Local, lookup: Lookup, *, now: datetime, window: timedelta) ->
     return _verdict(result, recover, found, resolve, local, settled=looked_at)
 
 
+def _claims(facts: Mapping[str, Any]) -> tuple[Any, Any]:
+    """What makes a finding of a kind news: the provider's outcome and, for a subject the
+    provider denies knowing, what its webhooks say. An ``unknown_at_provider`` found before
+    any webhook came stayed open as it was when a webhook then called the payment paid:
+    "the initiation most likely failed", at the expected amount, while the payments view
+    said success and the warning not to fulfil it was never given."""
+    return facts.get("provider_outcome"), facts.get("webhook_outcome")
+
+
+def _superseded(found: Detection) -> str:
+    outcome = found.facts.get("provider_outcome")
+    if outcome is None and found.kind == "unknown_at_provider":
+        said = found.facts.get("webhook_outcome")
+        return f"superseded: its webhooks now say {said or 'nothing'}"
+    return f"superseded: the provider now reports {outcome or 'another record'}"
+
+
 def _verdict(result: str, recover: ProviderRecord | None, found: Sequence[Detection],
              resolve: Sequence[tuple[str, str]], local: Local, *, settled: bool) -> Verdict:
     """Drop what a person resolved and what is already open with the same provider
-    outcome; a finding whose outcome changed supersedes the open ones of its kind (resolved
-    here, each with its reason)."""
+    outcome (and, for a subject the provider denies, the same webhooks' outcome); a finding
+    whose outcome changed supersedes the open ones of its kind (resolved here, each with
+    its reason)."""
     opened = local.open
     dismissed = _dismissed(local)
     fresh: list[Detection] = []
     reasons: list[tuple[str, str]] = list(resolve)
     for found_one in found:
         same_kind = [o for o in opened if o.kind == found_one.kind]
-        outcome = found_one.facts.get("provider_outcome")
+        said = _claims(found_one.facts)
+        superseded = _superseded(found_one)
         if (found_one.kind, same_amounts(found_one.detail)) in dismissed:
             # opens nothing; what is open of its kind closes as a fresh finding would close
             # it, and a copy of it (reopened before the person's resolution was kept) too
             reasons += [(o.id, "a person resolved the same finding") for o in same_kind
                         if same_amounts(o.detail) == same_amounts(found_one.detail)]
-            reasons += [(o.id, f"superseded: the provider now reports "
-                               f"{outcome or 'another record'}")
-                        for o in same_kind if o.facts.get("provider_outcome") != outcome]
+            reasons += [(o.id, superseded) for o in same_kind if _claims(o.facts) != said]
             continue
-        if any(o.facts.get("provider_outcome") == outcome for o in same_kind):
+        if any(_claims(o.facts) == said for o in same_kind):
             continue
         fresh.append(found_one)
-        reasons += [(o.id, f"superseded: the provider now reports {outcome or 'another record'}")
-                    for o in same_kind]
+        reasons += [(o.id, superseded) for o in same_kind]
     first_reason: dict[str, str] = {}
     for discrepancy_id, reason in reasons:
         first_reason.setdefault(discrepancy_id, reason)

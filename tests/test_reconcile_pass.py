@@ -547,6 +547,36 @@ def test_a_recent_payment_the_provider_does_not_know_yet_is_asked_again_after_it
                                       Decimal(90000))]
 
 
+def test_a_webhook_calling_paid_a_payment_already_unknown_at_the_provider_is_told(
+        db_url: str) -> None:
+    """Registered, unknown at the provider after the window, then a webhook calls it paid
+    and the provider still has no record: the open finding kept saying only that the
+    provider has no record (the initiation most likely failed), at the amount expected,
+    while the payments view said success at 90,000: the warning not to fulfil it, which
+    the same finding made first-hand carries, was never given."""
+    state = CountingState()
+    expect(db_url, "N-9", "collection", 1500)
+    with running_sandbox(state=state) as api:
+        reconcile(db_url, api.url)
+        assert discrepancies(db_url) == [("unknown_at_provider", "collection", "N-9",
+                                          Decimal(1500))]
+        deliver(db_url, "payment.confirmed", 91000, reference="N-9", amount=90000,
+                timestamp=ts_ago(minutes=5))
+        _time_passes(db_url)
+        reconcile(db_url, api.url)
+        _time_passes(db_url)
+        again = reconcile(db_url, api.url)  # the same claim again is no news
+    assert state.asked["N-9"] == 3 and again.detected == again.resolved == []
+    assert rows(db_url, "SELECT detail, amount_at_risk FROM hookledger.discrepancies "
+                        "WHERE status = 'open'") == [
+        ("the provider has no record of collection N-9; yet its webhooks said success "
+         "(SUCCESSFUL): do not fulfil or pay on it until the provider confirms",
+         Decimal(90000))]
+    assert rows(db_url, "SELECT resolution FROM hookledger.discrepancies "
+                        "WHERE status = 'resolved'") == [
+        ("superseded: its webhooks now say success",)]
+
+
 def test_a_recheck_the_api_failed_is_asked_again_once_it_answers(db_url: str) -> None:
     state = CountingState()
     state.record_general(body("payment.confirmed", 91000, reference="E-1", amount=70000))
