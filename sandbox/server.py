@@ -184,7 +184,10 @@ def create_app(state: SandboxState, faults: Faults) -> Starlette:
         return envelope(True, 1000, "Fault switches", described)
 
     api = [
-        Route("/api/v1/payment/reference/{reference}", payment_by_reference, methods=["GET"]),
+        # ``path``: the server decodes ``%2F`` before routing, so a reference holding a
+        # slash (``ORDER/2026/0001``, sent as one segment) is several segments here
+        Route("/api/v1/payment/reference/{reference:path}", payment_by_reference,
+              methods=["GET"]),
         Route("/api/v1/waba/webhook-secrets/{phone_number_id}/rotate", rotate_secret,
               methods=["POST"]),
         Route("/api/v1/waba/phone-numbers/{phone_number_id}", set_phone_number,

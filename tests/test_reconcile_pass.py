@@ -74,6 +74,22 @@ def test_a_dropped_payment_confirmed_is_found_as_missing_webhook_and_recovered_a
     assert checked == [("reconciler", "recovered")]
 
 
+def test_a_lost_webhook_of_a_reference_with_slashes_is_recovered(db_url: str) -> None:
+    """``ORDER/2026/0001`` is asked as ``ORDER%2F2026%2F0001``, one path segment; the
+    sandbox routed the decoded path, found no route for its three segments and answered a
+    bare 404, so a merchant whose references hold a slash saw every lookup fail there and
+    no lost webhook recovered."""
+    state = CountingState()
+    state.record_general(body("payment.confirmed", 91000, reference="ORDER/2026/0001",
+                              amount=1500))
+    expect(db_url, "ORDER/2026/0001", "collection", 1500)
+    with running_sandbox(state=state) as api:
+        result = reconcile(db_url, api.url)
+    assert (result.recovered, result.errors) == (["ORDER/2026/0001"], {})
+    assert discrepancies(db_url) == [("missing_webhook", "collection", "ORDER/2026/0001",
+                                      Decimal(1500))]
+
+
 def test_a_late_webhook_that_agrees_resolves_the_missing_webhook(db_url: str) -> None:
     state = CountingState()
     state.record_general(body("payment.confirmed", 91000, reference="C-2", amount=700))
