@@ -53,7 +53,8 @@ def test_mending_replaces_exactly_what_jsonb_cannot_hold(value: Any, ascii_only:
         text.encode("utf-8")
     except UnicodeEncodeError:  # a lone surrogate written raw: not a UTF-8 body at all
         return
-    assert json.loads(mend_escapes(text)) == mended(value)
+    # as any JSON reader takes it: two adjacent escapes of a pair's halves are one character
+    assert json.loads(mend_escapes(text)) == mended(json.loads(text))
 
 
 def test_text_without_unholdable_escapes_is_left_as_it_is() -> None:
