@@ -157,6 +157,7 @@ class Settings(BaseSettings):
     reconcile_recheck_per_pass: int = Field(default=500, ge=0)
     reconcile_refund_recheck_s: int = Field(default=6 * 3600, ge=0)
     reconcile_payout_window_s: int = Field(default=86400, gt=0)
+    reconcile_give_up_s: int = Field(default=30 * 86400, ge=0)
     reconcile_record_paths: dict[str, str] = Field(default_factory=dict)
     report_interval_s: int = Field(default=3600, ge=0)
     report_keep_s: int = Field(default=30 * 86400, ge=0, le=100 * 366 * 86400)

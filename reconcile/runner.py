@@ -98,6 +98,9 @@ class Span:
     result: str  # its verdict, as counted in the pass result
 
 
+GIVE_UP_CHECKS = 30  # about a day of checks: 1, 2, 4 ... 32 minutes apart, then hourly
+
+
 @dataclass(frozen=True)
 class PassConfig:
     window: timedelta = timedelta(seconds=90)
@@ -112,6 +115,17 @@ class PassConfig:
     rate_per_s: float = 0.0  # 0: only the client's concurrency bounds the pace
     retry_base: timedelta = timedelta(seconds=60)
     retry_cap: timedelta = timedelta(hours=1)
+    # A subject a check leaves unsettled (no record at the provider, still pending there) is
+    # asked again after its backoff, hourly at most for its first day (by its ``since``),
+    # daily after that, and once it is ``give_up_after`` old no more until its row changes
+    # or a new finding names it (``None``: for ever), if it was asked
+    # :data:`GIVE_UP_CHECKS` times by then (one first asked when already old, an
+    # expectation registered late, is asked for about a day). Asked hourly for ever, each
+    # initiation that never reached the provider cost 24 lookups and ledger events a day
+    # without end, and enough of them crowded every pass.
+    slow_after: timedelta = timedelta(days=1)
+    slow_cap: timedelta = timedelta(days=1)
+    give_up_after: timedelta | None = timedelta(days=30)
     # the server ends the pass's session once it is idle this long, so a session a network
     # blip left behind lets go of the reconciliation lock; the pass speaks every quarter of it
     idle_session_s: float = 60.0
@@ -128,6 +142,7 @@ class PassResult:
     resolved: list[dict[str, Any]] = field(default_factory=list)
     recovered: list[str] = field(default_factory=list)
     errors: Counter[str] = field(default_factory=Counter)
+    given_up: int = 0  # unsettled subjects past ``give_up_after``, no longer asked
     seconds: float = 0.0
 
     def summary(self) -> list[str]:
@@ -145,7 +160,15 @@ class PassResult:
         if self.errors:
             lines.append("  API errors (asked again later): " + ", ".join(
                 f"{k} {n}" for k, n in sorted(self.errors.items())))
+        if self.given_up:
+            lines.append(f"  {self.given_up} subject(s) unsettled past the give-up age: "
+                         "not asked again until they change")
         return lines
+
+
+def retry_cap(cfg: PassConfig, age: timedelta) -> timedelta:
+    """The longest backoff of a subject unsettled for ``age``: see :class:`PassConfig`."""
+    return cfg.retry_cap if age < cfg.slow_after else max(cfg.retry_cap, cfg.slow_cap)
 
 
 class _Pacer:
@@ -255,7 +278,8 @@ class Reconciler:
         for d, lookup in zip(due, lookups, strict=True):
             key = (d.subject, d.reference)
             tries = previous.get(key, 0)
-            backoff = min(cfg.retry_cap, cfg.retry_base * (2 ** min(tries, 16)))
+            age = now - since if (since := views[key].since) is not None else timedelta(0)
+            backoff = min(retry_cap(cfg, age), cfg.retry_base * (2 ** min(tries, 16)))
             sizes = (len(events), len(recoveries), len(result.detected), len(result.resolved))
             try:
                 verdict = self._judge(d, lookup, views[key], events, recoveries, result, now)
@@ -270,6 +294,12 @@ class Reconciler:
                               "error", result.pass_id))
                 continue
             next_at = None if verdict.settled else now + backoff
+            if next_at is not None and verdict.result != "error" and tries + 1 >= GIVE_UP_CHECKS \
+                    and cfg.give_up_after is not None and age >= cfg.give_up_after:
+                next_at = None  # its open findings stay open, for a person
+                result.given_up += 1
+                log.info("reconcile.given_up", subject=d.subject, reference=d.reference,
+                         result=verdict.result, days=age.days)
             marks.append((d.subject, d.reference, now, positions[key], next_at,
                           verdict.result, result.pass_id))
             spans.append(Span(d.subject, d.reference, sizes[0], len(events), backoff,

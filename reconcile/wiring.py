@@ -33,6 +33,8 @@ def config_from(settings: Any) -> PassConfig:
         max_subjects=settings.reconcile_max_per_pass,
         rate_per_s=settings.reconcile_rate_per_s,
         retry_base=timedelta(seconds=settings.reconcile_interval_s),
+        give_up_after=(timedelta(seconds=settings.reconcile_give_up_s)
+                       if settings.reconcile_give_up_s else None),
         zone=settings.zone)
 
 

@@ -1074,3 +1074,49 @@ def test_only_a_webhook_the_row_folds_counts_as_arrived_during_a_lookup(db_url: 
     confirmed = kept_event("payout.confirmed", 92000, reference="PO-M", amount=1000,
                            service="Disbursement")
     assert asyncio.run(spans_after(confirmed)) == {("payout", "PO-M")}
+
+
+def test_a_subject_unsettled_for_a_month_is_no_longer_asked_until_it_changes(
+        db_url: str) -> None:
+    """An initiation that never reached the provider is asked about hourly, then daily, and
+    once it is older than the give-up age (and was asked about a day's worth of times) no
+    more: its finding stays open for a person, and a webhook about it makes it due again."""
+    state = CountingState()
+    expect(db_url, "DEAD-1", "collection", 100)
+    start = datetime.now(UTC)
+    with running_sandbox(state=state) as api:
+        first = reconcile(db_url, api.url, now=start)
+        assert (state.asked["DEAD-1"], first.given_up) == (1, 0)
+        assert discrepancies(db_url) == [("unknown_at_provider", "collection", "DEAD-1",
+                                          Decimal(100))]
+        # a month of checks later (the 29 before this one stood for by their count)
+        rows(db_url, "UPDATE hookledger_private.reconcile_subjects SET checks = 29 "
+                     "RETURNING 1")
+        month = reconcile(db_url, api.url, now=start + timedelta(days=31))
+        assert (state.asked["DEAD-1"], month.given_up) == (2, 1)
+        assert "1 subject(s) unsettled past the give-up age" in "\n".join(month.summary())
+        assert rows(db_url, "SELECT next_check_at FROM hookledger_private.reconcile_subjects"
+                    ) == [(None,)]
+        reconcile(db_url, api.url, now=start + timedelta(days=40))
+        assert state.asked["DEAD-1"] == 2
+        assert [kind for kind, *_ in discrepancies(db_url)] == ["unknown_at_provider"]
+        deliver(db_url, "payment.confirmed", 91000, reference="DEAD-1", amount=100)
+        reconcile(db_url, api.url, now=start + timedelta(days=40))
+        assert state.asked["DEAD-1"] == 3
+
+
+def test_a_subject_unsettled_for_over_a_day_is_asked_daily_not_hourly(db_url: str) -> None:
+    """Its backoff's cap grows from an hour to a day once it has been unsettled a day."""
+    state = CountingState()
+    expect(db_url, "YOUNG-1", "collection", 100)
+    expect(db_url, "OLD-1", "collection", 100, minutes_ago=2 * 24 * 60)
+    start = datetime.now(UTC)
+    with running_sandbox(state=state) as api:
+        reconcile(db_url, api.url, now=start)
+        rows(db_url, "UPDATE hookledger_private.reconcile_subjects SET checks = 12, "
+                     "next_check_at = %s RETURNING 1", start)
+        later = start + timedelta(minutes=5)
+        assert reconcile(db_url, api.url, now=later).given_up == 0
+    assert rows(db_url, "SELECT reference, next_check_at - last_checked_at "
+                        "FROM hookledger_private.reconcile_subjects ORDER BY reference") == [
+        ("OLD-1", timedelta(days=1)), ("YOUNG-1", timedelta(hours=1))]
