@@ -290,6 +290,7 @@ class Reconciler:
                 log.exception("reconcile.subject_failed", subject=d.subject,
                               reference=d.reference)
                 result.errors["internal"] += 1
+                result.results["error"] += 1  # so a pass of such failures alone exits 4
                 marks.append((d.subject, d.reference, now, positions[key], now + backoff,
                               "error", result.pass_id))
                 continue

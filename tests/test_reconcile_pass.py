@@ -517,7 +517,8 @@ def test_an_answer_about_another_reference_is_an_error_and_recovers_nothing(
 def test_a_bug_judging_one_subject_never_stops_the_others(
         db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Whatever a record holds that no rule foresaw, the rest of the chunk is still checked
-    and recovered, and the failing subject is asked again after a backoff."""
+    and recovered, and the failing subject is counted an error (a pass of nothing else
+    exits 4) and asked again after a backoff."""
     real = runner.decide
 
     def failing_on_one(local: Any, lookup: Any, **kwargs: Any) -> Any:
@@ -533,6 +534,7 @@ def test_a_bug_judging_one_subject_never_stops_the_others(
     with running_sandbox(state=state) as api:
         result = reconcile(db_url, api.url)
     assert result.recovered == ["OK-1"] and result.errors == {"internal": 1}
+    assert result.results == {"recovered": 1, "error": 1}  # as the summary and exit code say
     assert discrepancies(db_url) == [("missing_webhook", "collection", "OK-1", Decimal(100))]
     assert rows(db_url, "SELECT reference, last_result, coalesce(next_check_at > now(), false) "
                         "FROM hookledger_private.reconcile_subjects ORDER BY reference") == [
