@@ -236,12 +236,15 @@ class RecordMapping:
                 raise MappingError("amount is not a number") from exc
             if not amount.is_finite():
                 raise MappingError("amount is not a number")
-            if amount.adjusted() > MAX_AMOUNT_EXPONENT \
-                    or amount.as_tuple().exponent < -MAX_AMOUNT_PLACES:  # type: ignore[operator]
+            if amount and (amount.adjusted() > MAX_AMOUNT_EXPONENT
+                           or amount.as_tuple().exponent < -MAX_AMOUNT_PLACES):  # type: ignore[operator]
                 # past what a projection's numeric column takes: stored, it would fail the
                 # projector's every batch from then on
                 raise MappingError("amount is out of range for money")
         code_raw = dig(data, self.paths["code"])
+        if isinstance(code_raw, Decimal) and code_raw.is_finite() \
+                and code_raw == code_raw.to_integral_value() and code_raw.adjusted() < 10:
+            code_raw = int(code_raw)  # JSON has one number type: 91055.0 is 91055, as in webhooks
         if code_raw is not None and (isinstance(code_raw, bool)
                                      or not isinstance(code_raw, int)):
             raise MappingError("code is not an integer")

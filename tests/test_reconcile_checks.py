@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -222,6 +223,28 @@ def test_a_code_no_integer_column_holds_is_refused_in_the_record_and_the_envelop
     assert mapping.read({"reference": "R", "code": 2**31 - 1}, "R").code == 2**31 - 1
     with pytest.raises(MalformedEnvelope, match="out of range"):
         parse_envelope(b'{"success": true, "code": %d, "message": "", "data": {}}' % code)
+
+
+@pytest.mark.parametrize("written", ["91055.0", "9.1055e4", "91055.000"])
+def test_a_records_code_written_with_a_zero_fraction_is_that_code(written: str) -> None:
+    """JSON has one number type, and the client reads a number with a point as a Decimal:
+    a failure's record whose code came as 91055.0 was a mapping error every pass, never
+    recovered, as the same code in a webhook is read (ingest.general_body)."""
+    data = json.loads(f'{{"reference": "R", "code": {written}, "amount": 0}}',
+                      parse_float=Decimal)
+    got = RecordMapping.create({}).read(data, "R")
+    assert (got.code, got.outcome) == (91055, "failure")
+    with pytest.raises(MappingError, match="code is not an integer"):
+        RecordMapping.create({}).read({"reference": "R", "code": Decimal("91055.5")}, "R")
+
+
+@pytest.mark.parametrize("written", ["0.0E+30", "0E-200", "0e20"])
+def test_a_records_amount_of_zero_is_zero_whatever_its_spelling(written: str) -> None:
+    """The range check read the exponent of nothing: a failure's record with such an
+    amount was a mapping error every pass."""
+    data = json.loads(f'{{"reference": "R", "code": 91055, "amount": {written}}}',
+                      parse_float=Decimal)
+    assert RecordMapping.create({}).read(data, "R").amount == 0
 
 
 def test_the_mapping_follows_dotted_paths_and_the_outcome_follows_the_code_band() -> None:
