@@ -25,6 +25,14 @@ from pydantic_settings import (
 )
 
 MAX_GENERAL_WEBHOOKS = 3  # the provider allows up to three callback URLs
+# the longest time a duration setting may name, ten years: a "never" such as 99999999999
+# overflowed the date arithmetic it feeds, after start-up, with no word of the variable
+# (such a rotation grace answered every chat delivery 500; such a resolution window or
+# re-check age failed every reconciliation pass)
+MAX_DURATION_S = 10 * 366 * 86400
+# the longest a small batch may linger for company: every answer waits it out, on top of
+# the bounds the spool keeps (an infinite one never appended, and held serve's shutdown)
+MAX_APPEND_WAIT_MS = 1000
 PREFIX = "HOOKLEDGER_"
 # variables under the prefix that are no setting: the test suite's and the benchmarks' own,
 # and what ``serve`` hands its workers
@@ -113,24 +121,24 @@ class Settings(BaseSettings):
     api_key: SecretStr | None = None
     admin_token: SecretStr | None = None
     provider_timezone: str = "Africa/Dar_es_Salaam"
-    chat_tolerance_s: int = Field(default=300, gt=0)
-    rotation_grace_s: int = Field(default=600, ge=0)
-    resolution_window_s: int = Field(default=90, gt=0)
-    reconcile_interval_s: int = Field(default=60, gt=0)
+    chat_tolerance_s: int = Field(default=300, gt=0, le=MAX_DURATION_S)
+    rotation_grace_s: int = Field(default=600, ge=0, le=MAX_DURATION_S)
+    resolution_window_s: int = Field(default=90, gt=0, le=MAX_DURATION_S)
+    reconcile_interval_s: int = Field(default=60, gt=0, le=MAX_DURATION_S)
     # additions (documented in the README)
     max_body_bytes: int = Field(default=1024 * 1024, gt=0)
-    body_timeout_s: float = Field(default=10.0, gt=0)
+    body_timeout_s: float = Field(default=10.0, gt=0, le=MAX_DURATION_S)
     # longer than the idle expiry of the client or proxy sending to us, so that it, not we,
     # closes an idle connection: a close crossing its next request resets that request
-    keep_alive_s: int = Field(default=75, gt=0)
+    keep_alive_s: int = Field(default=75, gt=0, le=MAX_DURATION_S)
     log_format: str = Field(default="auto", pattern="^(auto|json|console)$")
     log_level: str = Field(default="info", pattern="^(debug|info|warning|error)$")
     embedded_os_user: str = "hookledger"
     db_pool_size: int = Field(default=10, gt=0)
     workers: int = Field(default=1, gt=0, le=64)
     append_max_batch: int = Field(default=256, gt=0)
-    append_max_wait_ms: float = Field(default=0.0, ge=0)
-    append_timeout_s: float = Field(default=2.0, gt=0)
+    append_max_wait_ms: float = Field(default=0.0, ge=0, le=MAX_APPEND_WAIT_MS)
+    append_timeout_s: float = Field(default=2.0, gt=0, le=MAX_DURATION_S)
     # a chat delivery may wait for it twice (its secrets' lookup, then its append), and
     # must still be answered inside the platform's 15 s, the spool's fsync included
     append_stall_s: float = Field(default=5.0, gt=0, le=6)
@@ -142,24 +150,24 @@ class Settings(BaseSettings):
     chat_rotate_secret_field: str = Field(default="secret", min_length=1)
     chat_webhook_field: str = Field(default="webhookUrl", min_length=1)
     chat_error_causes: Annotated[dict[str, int], NoDecode] = Field(default_factory=dict)
-    chat_api_timeout_s: float = Field(default=10.0, gt=0)
+    chat_api_timeout_s: float = Field(default=10.0, gt=0, le=MAX_DURATION_S)
     chat_media: bool = True  # off: this process fetches no media (another one does)
-    chat_media_poll_s: float = Field(default=2.0, gt=0)
+    chat_media_poll_s: float = Field(default=2.0, gt=0, le=MAX_DURATION_S)
     chat_media_max_attempts: int = Field(default=5, gt=0)
-    chat_media_retry_base_s: float = Field(default=2.0, ge=0)
+    chat_media_retry_base_s: float = Field(default=2.0, ge=0, le=MAX_DURATION_S)
     # reconciliation (reconcile/): pacing, retries, re-checks, the record mapping, reports
-    api_timeout_s: float = Field(default=10.0, gt=0)
+    api_timeout_s: float = Field(default=10.0, gt=0, le=MAX_DURATION_S)
     api_max_attempts: int = Field(default=4, gt=0)
     api_concurrency: int = Field(default=16, gt=0)
     reconcile_rate_per_s: float = Field(default=0.0, ge=0)
     reconcile_max_per_pass: int = Field(default=5000, gt=0)
-    reconcile_recheck_age_s: int = Field(default=86400, ge=0)
+    reconcile_recheck_age_s: int = Field(default=86400, ge=0, le=MAX_DURATION_S)
     reconcile_recheck_per_pass: int = Field(default=500, ge=0)
-    reconcile_refund_recheck_s: int = Field(default=6 * 3600, ge=0)
-    reconcile_payout_window_s: int = Field(default=86400, gt=0)
-    reconcile_give_up_s: int = Field(default=30 * 86400, ge=0)
+    reconcile_refund_recheck_s: int = Field(default=6 * 3600, ge=0, le=MAX_DURATION_S)
+    reconcile_payout_window_s: int = Field(default=86400, gt=0, le=MAX_DURATION_S)
+    reconcile_give_up_s: int = Field(default=30 * 86400, ge=0, le=MAX_DURATION_S)
     reconcile_record_paths: dict[str, str] = Field(default_factory=dict)
-    report_interval_s: int = Field(default=3600, ge=0)
+    report_interval_s: int = Field(default=3600, ge=0, le=MAX_DURATION_S)
     report_keep_s: int = Field(default=30 * 86400, ge=0, le=100 * 366 * 86400)
 
     @field_validator("general_secrets", mode="before")

@@ -253,3 +253,17 @@ async def test_a_lookup_the_database_holds_is_given_up_on_for_every_request_wait
             else:
                 raise AssertionError("the stalled lookup's query was never cancelled")
     assert await secrets.valid_secrets("111", NOW) == [(fingerprint(S1), S1.encode())]
+
+
+async def test_the_longest_grace_the_settings_allow_still_verifies_a_retired_secret(
+        pool: AsyncConnectionPool) -> None:
+    """The bound on HOOKLEDGER_ROTATION_GRACE_S is one the lookup can compute with
+    (``now - grace``): past what a date holds, every chat delivery was answered 500."""
+    from hookledger.settings import MAX_DURATION_S
+
+    secrets = ChatSecretStore(pool, grace_s=MAX_DURATION_S)
+    now = datetime.now(UTC)
+    await secrets.bootstrap({"111": S1}, now - timedelta(days=3000))
+    await secrets.store_rotated("111", S2, now - timedelta(days=2000))
+    assert [label for label, _ in await secrets.valid_secrets("111", now)] == [
+        fingerprint(S2), fingerprint(S1)]

@@ -100,6 +100,49 @@ def test_a_pass_whose_every_lookup_failed_exits_4_not_0(
     assert idle.exit_code == 0 and "checked 0 subject(s)" in idle.output, idle.output
 
 
+RECONCILE_DURATIONS = ("HOOKLEDGER_RESOLUTION_WINDOW_S", "HOOKLEDGER_RECONCILE_INTERVAL_S",
+                       "HOOKLEDGER_RECONCILE_PAYOUT_WINDOW_S",
+                       "HOOKLEDGER_RECONCILE_RECHECK_AGE_S",
+                       "HOOKLEDGER_RECONCILE_REFUND_RECHECK_S")
+
+
+@pytest.mark.parametrize("variable", RECONCILE_DURATIONS)
+def test_a_window_past_what_the_clock_holds_stops_reconcile_naming_it(
+        db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variable: str) -> None:
+    """A "never" such as 99999999999 s was taken, then every pass failed with an
+    OverflowError traceback naming no variable (``serve``'s passes too, each interval)."""
+    monkeypatch.setenv("HOOKLEDGER_DATABASE_URL", db_url)
+    monkeypatch.setenv("HOOKLEDGER_HOME", str(tmp_path))
+    monkeypatch.setenv("HOOKLEDGER_API_BASE_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv(variable, "99999999999")
+    result = CliRunner().invoke(main, ["reconcile"])
+    assert result.exit_code == 2, result.output
+    assert isinstance(result.exception, SystemExit)
+    assert f"{variable}: Input should be less than or equal to" in result.output
+
+
+def test_a_pass_runs_at_the_longest_windows_the_settings_allow(
+        db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bound is one the pass can compute with: ten years back and ahead."""
+    from hookledger.settings import MAX_DURATION_S
+
+    state = CountingState()
+    state.record_general(body("payment.confirmed", 91000, reference="LONG-1", amount=5))
+    monkeypatch.setenv("HOOKLEDGER_DATABASE_URL", db_url)
+    monkeypatch.setenv("HOOKLEDGER_HOME", str(tmp_path))
+    monkeypatch.setenv("HOOKLEDGER_API_KEY", API_KEY)
+    for variable in RECONCILE_DURATIONS:
+        monkeypatch.setenv(variable, str(MAX_DURATION_S))
+    runner = CliRunner()
+    assert runner.invoke(main, ["expect", "LONG-1", "--kind", "collection", "--amount", "5",
+                                "--initiated-at", "2026-01-01T00:00:00+00:00"]).exit_code == 0
+    with running_sandbox(state=state) as api:
+        monkeypatch.setenv("HOOKLEDGER_API_BASE_URL", api.url)
+        result = runner.invoke(main, ["reconcile"])
+    assert result.exit_code == 0, result.output
+    assert result.exception is None
+
+
 def test_db_url_prints_what_psql_takes_even_when_configured_for_sqlalchemy(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOOKLEDGER_HOME", str(tmp_path))

@@ -331,6 +331,40 @@ def test_a_misspelt_variable_stops_a_command_rather_than_being_ignored(
     assert "whsec-not-to-be-echoed" not in result.output
 
 
+DURATIONS = ("CHAT_TOLERANCE_S", "ROTATION_GRACE_S", "RESOLUTION_WINDOW_S",
+             "RECONCILE_INTERVAL_S", "BODY_TIMEOUT_S", "KEEP_ALIVE_S", "APPEND_TIMEOUT_S",
+             "CHAT_API_TIMEOUT_S", "CHAT_MEDIA_POLL_S", "CHAT_MEDIA_RETRY_BASE_S",
+             "API_TIMEOUT_S", "RECONCILE_RECHECK_AGE_S", "RECONCILE_REFUND_RECHECK_S",
+             "RECONCILE_PAYOUT_WINDOW_S", "REPORT_INTERVAL_S")
+
+
+@pytest.mark.parametrize("name", DURATIONS)
+def test_a_duration_past_what_the_clock_holds_is_refused_naming_the_variable(
+        monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """A "never" such as 99999999999 was taken and overflowed the date arithmetic it feeds
+    after start-up: such a rotation grace answered every chat delivery 500, such a
+    resolution window failed every reconciliation pass, with a traceback naming nothing."""
+    from hookledger.settings import MAX_DURATION_S
+
+    monkeypatch.setenv(f"HOOKLEDGER_{name}", "99999999999")
+    with pytest.raises(ValidationError, match=name.lower()):
+        Settings()
+    monkeypatch.setenv(f"HOOKLEDGER_{name}", str(MAX_DURATION_S))
+    assert getattr(Settings(), name.lower()) == MAX_DURATION_S
+
+
+@pytest.mark.parametrize("value", ["inf", "1001"])
+def test_a_batch_may_linger_a_second_at_most(monkeypatch: pytest.MonkeyPatch,
+                                            value: str) -> None:
+    """``inf`` was taken: no delivery was ever appended or answered, and ``serve`` never
+    stopped on SIGTERM (it waited for the linger to end)."""
+    monkeypatch.setenv("HOOKLEDGER_APPEND_MAX_WAIT_MS", value)
+    with pytest.raises(ValidationError, match="append_max_wait_ms"):
+        Settings()
+    monkeypatch.setenv("HOOKLEDGER_APPEND_MAX_WAIT_MS", "1000")
+    assert Settings().append_max_wait_ms == 1000
+
+
 def test_the_admin_token_is_stripped_and_one_no_header_can_carry_is_refused(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The presented token was stripped and the configured one not, so a token set with a
