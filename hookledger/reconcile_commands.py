@@ -72,10 +72,13 @@ def _since(value: str | None) -> datetime | None:
         return None
     try:
         parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError as exc:
-        raise click.BadParameter("an ISO 8601 date or date-time") from exc
-    # in UTC, as every other time in a report (``--since ...+03:00`` was shown as given)
-    return parsed.astimezone(UTC) if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+        # in UTC, as every other time in a report (``--since ...+03:00`` was shown as given)
+        return parsed.astimezone(UTC) if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    except (ValueError, OverflowError) as exc:
+        # OverflowError: an instant whose UTC is past year 1 or 9999 (0001-01-01T00:00+01:00)
+        # stopped the command with a traceback
+        raise click.BadParameter("an ISO 8601 date or date-time", param_hint="--since"
+                                 ) from exc
 
 
 @click.command(name="report")

@@ -100,6 +100,20 @@ def test_a_pass_whose_every_lookup_failed_exits_4_not_0(
     assert idle.exit_code == 0 and "checked 0 subject(s)" in idle.output, idle.output
 
 
+@pytest.mark.parametrize("since", ["yesterday", "0001-01-01T00:00:00+01:00",
+                                   "9999-12-31T23:00:00-05:00"])
+def test_a_since_no_report_can_start_from_names_the_option(
+        db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, since: str) -> None:
+    """An instant past the clock's range in UTC stopped the command with an OverflowError
+    traceback; a word that is no date was refused without naming --since."""
+    monkeypatch.setenv("HOOKLEDGER_DATABASE_URL", db_url)
+    monkeypatch.setenv("HOOKLEDGER_HOME", str(tmp_path))
+    result = CliRunner().invoke(main, ["report", "--format", "json", "--since", since])
+    assert result.exit_code == 2, result.output
+    assert isinstance(result.exception, SystemExit)
+    assert "Invalid value for --since: an ISO 8601 date or date-time" in result.output
+
+
 RECONCILE_DURATIONS = ("HOOKLEDGER_RESOLUTION_WINDOW_S", "HOOKLEDGER_RECONCILE_INTERVAL_S",
                        "HOOKLEDGER_RECONCILE_PAYOUT_WINDOW_S",
                        "HOOKLEDGER_RECONCILE_RECHECK_AGE_S",
