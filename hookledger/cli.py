@@ -19,7 +19,7 @@ from pydantic_settings import SettingsError
 from hookledger import logs, migrate
 from hookledger.database import database, libpq_url, without_password
 from hookledger.embedded_postgres import EmbeddedPostgres, EmbeddedPostgresError
-from hookledger.settings import Settings, unknown_variables
+from hookledger.settings import Settings, blank_over_file, unknown_variables
 from ingest.headers import MIN_MASKED
 
 if TYPE_CHECKING:
@@ -41,6 +41,12 @@ def load_settings(**overrides: Any) -> Settings:
         _fail("bad configuration:\n  " + "\n  ".join(
             f"{name}: no such setting" + (f" (did you mean {meant}?)" if meant else "")
             for name, meant in unknown))
+    blank = blank_over_file(os.environ, _file_keys())
+    if blank:
+        _fail("bad configuration:\n  " + "\n  ".join(
+            f"{name}: set but blank, which would override hookledger.toml's "
+            f"{name[len('HOOKLEDGER_'):].lower()} (unset it, or give it a value)"
+            for name in blank))
     try:
         return Settings(**overrides)
     except ValidationError as exc:
@@ -61,6 +67,15 @@ def load_settings(**overrides: Any) -> Settings:
         _fail(f"bad configuration:\n  HOOKLEDGER_{field.upper()}: not valid JSON")
     except tomllib.TOMLDecodeError as exc:
         _fail(f"bad configuration:\n  hookledger.toml: {exc}")
+
+
+def _file_keys() -> list[str]:
+    """The keys ``hookledger.toml`` sets; none when it is missing or unreadable (a file
+    that is not TOML is reported when the settings are read)."""
+    with contextlib.suppress(OSError, tomllib.TOMLDecodeError):
+        with open("hookledger.toml", "rb") as handle:
+            return list(tomllib.load(handle))
+    return []
 
 
 def _source_of(key: str) -> str:

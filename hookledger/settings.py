@@ -378,3 +378,14 @@ def unknown_variables(environ: Mapping[str, str], fields: Iterable[str]
         close = difflib.get_close_matches(upper, known, n=1, cutoff=0.75)
         found.append((name, close[0] if close else None))
     return found
+
+
+def blank_over_file(environ: Mapping[str, str], file_keys: Iterable[str]) -> list[str]:
+    """Each ``HOOKLEDGER_*`` variable set blank whose setting ``hookledger.toml`` gives.
+    The environment wins, so ``HOOKLEDGER_GENERAL_SECRETS=`` (an unset ``${...}`` in a
+    compose file, say) replaced the file's secrets with none, and ``serve`` refused every
+    delivery 401; a blank database URL put the ledger in the embedded database instead."""
+    keys = {str(key).lower() for key in file_keys}
+    return sorted(name for name, value in environ.items()
+                  if name.upper().startswith(PREFIX) and not value.strip()
+                  and name[len(PREFIX):].lower() in keys)

@@ -365,6 +365,47 @@ def test_a_batch_may_linger_a_second_at_most(monkeypatch: pytest.MonkeyPatch,
     assert Settings().append_max_wait_ms == 1000
 
 
+@pytest.mark.parametrize(("variable", "toml"), [
+    ("HOOKLEDGER_GENERAL_SECRETS", 'general_secrets = "main=whsec-from-the-file"\n'),
+    ("HOOKLEDGER_GENERAL_SECRETS", '[general_secrets]\nmain = "whsec-from-the-file"\n'),
+    ("HOOKLEDGER_DATABASE_URL", 'database_url = "postgresql://u@db.example:5432/ledger"\n'),
+])
+def test_a_blank_variable_never_silently_replaces_what_the_toml_file_sets(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variable: str, toml: str) -> None:
+    """The environment wins, so a variable set blank (an unset ``${...}`` in a compose
+    file) replaced the file's secrets with none: ``serve`` refused every delivery 401, and
+    the general system never sends one again. A blank database URL put the ledger in the
+    embedded database instead of the file's."""
+    from click.testing import CliRunner
+
+    from hookledger.cli import main
+
+    (tmp_path / "hookledger.toml").write_text(toml)
+    monkeypatch.setenv(variable, "")
+    result = CliRunner().invoke(main, ["db", "url"])
+    assert result.exit_code == 2, result.output
+    key = variable[len("HOOKLEDGER_"):].lower()
+    assert (f"{variable}: set but blank, which would override hookledger.toml's {key}"
+            ) in result.output
+    assert "whsec-from-the-file" not in result.output
+    monkeypatch.delenv(variable)  # unset, the file's value is taken
+    if variable == "HOOKLEDGER_DATABASE_URL":
+        result = CliRunner().invoke(main, ["db", "url"])
+        assert result.exit_code == 0 and "db.example" in result.output, result.output
+    else:
+        assert list(Settings().general_secrets) == ["main"]
+
+
+def test_a_blank_variable_the_toml_file_does_not_set_is_the_default(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOOKLEDGER_GENERAL_SECRETS", "")
+    monkeypatch.setenv("HOOKLEDGER_DATABASE_URL", "")
+    from hookledger.cli import load_settings
+
+    settings = load_settings()
+    assert settings.general_secrets == {} and settings.database_url is None
+
+
 def test_the_admin_token_is_stripped_and_one_no_header_can_carry_is_refused(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The presented token was stripped and the configured one not, so a token set with a
