@@ -131,10 +131,10 @@ def _configured_url() -> str | None:
 
 
 class _Commands(click.Group):
-    """Every command's embedded server that cannot start, or database that cannot be
-    reached, is a message and exit 2, never a traceback: ``reconcile``, ``report``,
-    ``expect``, ``resolve``, ``chat`` and ``demo`` once let the first through, where
-    ``migrate`` and the others named the cause in one line."""
+    """Every command's embedded server that cannot start, database that cannot be
+    reached, or role the database refuses, is a message and exit 2, never a traceback:
+    ``reconcile``, ``report``, ``expect``, ``resolve``, ``chat`` and ``demo`` once let the
+    first through, where ``migrate`` and the others named the cause in one line."""
 
     def invoke(self, ctx: click.Context) -> Any:
         import psycopg
@@ -153,6 +153,14 @@ class _Commands(click.Group):
                                       _configured_url())
             _fail(f"the database cannot be used (HOOKLEDGER_DATABASE_URL, else the embedded "
                   f"server): {reason}")
+        except (psycopg.errors.InsufficientPrivilege, sqlalchemy.exc.ProgrammingError) as exc:
+            # a role not granted what the command reads (a checking role given the views
+            # alone): verify stopped with a traceback and exit 1, a tampered ledger's code
+            cause = exc.orig if isinstance(exc, sqlalchemy.exc.ProgrammingError) else exc
+            if not isinstance(cause, psycopg.errors.InsufficientPrivilege):
+                raise
+            reason = without_password(str(cause).splitlines()[0], _configured_url())
+            _fail(f"the database refused this role (HOOKLEDGER_DATABASE_URL): {reason}")
 
 
 @click.group(cls=_Commands)

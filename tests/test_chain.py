@@ -7,8 +7,10 @@ import importlib
 import os
 import subprocess
 import sys
+import uuid
 from dataclasses import replace
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
@@ -316,3 +318,43 @@ def test_a_delivery_whose_append_waited_for_the_lock_chains_under_repeatable_rea
         assert asyncio.run(run(base)) == 200
     result = check(db_url)
     assert result.intact and result.checked == 2  # type: ignore[attr-defined]
+
+
+def test_verify_as_a_role_the_ledger_is_not_granted_to_says_so_never_tampered(
+        db_url: str) -> None:
+    """A role for checking that was granted the views alone, or nothing: ``verify`` stopped
+    with a traceback and exit 1, the code of a tampered ledger, which a nightly check
+    alarms on. Exit 2 and the refusal in one line; granted what it reads, it verifies."""
+    append(db_url, 4, "RG")
+    role = f"hl_checker_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(pg_sql.SQL("CREATE ROLE {} LOGIN PASSWORD 'checker'").format(
+            pg_sql.Identifier(role)))
+    parts = urlsplit(db_url)
+    checker = urlunsplit(parts._replace(
+        netloc=f"{role}:checker@{parts.netloc.rpartition('@')[2]}"))
+    try:
+        try:
+            psycopg.connect(checker).close()
+        except psycopg.OperationalError:
+            pytest.skip("the test server does not let this new role in")
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            conn.execute(pg_sql.SQL("GRANT USAGE ON SCHEMA hookledger TO {0}; "
+                                    "GRANT SELECT ON hookledger.ledger TO {0}").format(
+                                        pg_sql.Identifier(role)))
+        for command in (("verify",), ("rebuild", "--verify")):
+            refused = verify_command(checker, *command)
+            assert refused.returncode == 2, (command, refused.stdout, refused.stderr)
+            assert "Traceback" not in refused.stderr
+            assert "permission denied" in refused.stderr and "TAMPERED" not in refused.stdout
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            conn.execute(pg_sql.SQL(
+                "GRANT USAGE ON SCHEMA hookledger_private TO {0}; GRANT SELECT ON "
+                "hookledger_private.alembic_version, hookledger_private.ledger_events "
+                "TO {0}").format(pg_sql.Identifier(role)))
+        ok = verify_command(checker)
+        assert ok.returncode == 0 and "ledger intact: 4 events" in ok.stdout, ok.stderr
+    finally:
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            conn.execute(pg_sql.SQL("DROP OWNED BY {0}; DROP ROLE {0}").format(
+                pg_sql.Identifier(role)))
