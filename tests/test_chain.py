@@ -358,3 +358,30 @@ def test_verify_as_a_role_the_ledger_is_not_granted_to_says_so_never_tampered(
         with psycopg.connect(db_url, autocommit=True) as conn:
             conn.execute(pg_sql.SQL("DROP OWNED BY {0}; DROP ROLE {0}").format(
                 pg_sql.Identifier(role)))
+
+
+def test_a_row_inserted_by_plain_sql_and_a_cut_tail_verify_as_the_readme_says(
+        db_url: str) -> None:
+    """What the chain cannot tell, as the README says it: an INSERT by any role that may
+    insert is chained by the trigger like hookledger's own appends, and the newest events
+    deleted (triggers off) leave a shorter chain that verifies; only a head hash kept
+    elsewhere shows the cut, its event no longer there with that hash."""
+    append(db_url, 5, "PS")
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO hookledger_private.ledger_events (stream, event_type, "
+                     "source, dedupe_key, payload, received_at) VALUES ('collection:PS-X', "
+                     "'payment.confirmed', 'general', 'forged', '{}', now())")
+    forged: Any = check(db_url)
+    assert forged.intact and forged.checked == 6
+    kept_position, kept_hash = forged.head_position, forged.head_hash
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("ALTER TABLE hookledger_private.ledger_events "
+                     "DISABLE TRIGGER ledger_events_refuse_update_delete")
+        conn.execute("DELETE FROM hookledger_private.ledger_events WHERE position >= 5")
+        conn.execute("ALTER TABLE hookledger_private.ledger_events "
+                     "ENABLE TRIGGER ledger_events_refuse_update_delete")
+    cut: Any = check(db_url)
+    assert cut.intact and cut.checked == 4 and cut.head_hash != kept_hash
+    with psycopg.connect(db_url) as conn:
+        assert conn.execute("SELECT encode(chain_hash, 'hex') FROM hookledger.ledger "
+                            "WHERE position = %s", (kept_position,)).fetchone() is None
