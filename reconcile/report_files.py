@@ -47,16 +47,21 @@ SELECT id, kind, service, subject, reference, '', amount_at_risk, status, detect
 FROM hookledger_private.discrepancies WHERE {SINCE}
 ORDER BY subject COLLATE "C", reference COLLATE "C", id COLLATE "C"
 """
+# the provider's code, for its retry advice: one no 9SOO code could be (a code past 32
+# bits that a release before such codes were refused kept in a finding's facts) is no
+# code, where the cast failed every report from then on
+CODE = ("CASE WHEN facts->>'provider_code' ~ '^-?[0-9]{1,9}$' "
+        "THEN (facts->>'provider_code')::int END")
 OPEN_SQL = f"""
 SELECT id, kind, service, subject, reference, detail, amount_at_risk, status, detected_at,
-       resolved_at, (facts->>'provider_code')::int
+       resolved_at, {CODE}
 FROM hookledger_private.discrepancies
 WHERE status = 'open' AND detected_at IS NOT NULL AND {SINCE}
 ORDER BY detected_at, id COLLATE "C"
 """
 LOAD_SQL = f"""
 SELECT id, kind, service, subject, reference, detail, amount_at_risk, status, detected_at,
-       resolved_at, (facts->>'provider_code')::int
+       resolved_at, {CODE}
 FROM hookledger_private.discrepancies WHERE {SINCE}
 """
 

@@ -166,3 +166,25 @@ def test_a_report_that_took_long_does_not_make_the_next_interval_skip(
     worker = ReconcileScheduler(None, None, interval_s=60, database_url=db_url,
                                 reports_dir=tmp_path, report_interval_s=60)
     assert asyncio.run(worker.report_once())
+
+
+def test_a_finding_kept_with_a_code_past_32_bits_leaves_every_report_written(
+        db_url: str, tmp_path: Path) -> None:
+    """A release before such codes were refused at the source kept the provider's code as
+    given in a finding's facts. The report read it with a cast to ``int``, which failed
+    every report, scheduled or asked for, from then on; such a code is no 9SOO code, and
+    the finding is listed without its retry advice."""
+    from tests.projection_events import new_event
+    from tests.test_projector import _provider_verdict_events, append_all, project_all
+
+    events = [new_event("payment.confirmed", 91000, reference="HUGE", amount=100),
+              *_provider_verdict_events("HUGE", 9_100_000_055),
+              new_event("payment.confirmed", 91000, reference="FAILS", amount=100),
+              *_provider_verdict_events("FAILS", 91055)]
+    asyncio.run(append_all(db_url, events))
+    asyncio.run(project_all(db_url))
+    asyncio.run(write_scheduled_report(db_url, tmp_path))
+    listed = {item["reference"]: item["action"] for item in
+              json.loads((tmp_path / "latest.json").read_text(encoding="utf-8"))["open"]}
+    assert set(listed) == {"HUGE", "FAILS"}
+    assert "Code 91055" in listed["FAILS"] and "Code" not in listed["HUGE"]
