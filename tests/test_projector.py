@@ -1043,3 +1043,62 @@ def test_verify_while_an_older_projector_leaves_the_checkpoints_apart(
                      "WHERE reference = (SELECT min(reference) FROM "
                      "hookledger_private.payments)")
     assert [d.table for d in asyncio.run(verify(db_url)).differences] == ["payments"]
+
+
+def test_rebuilds_while_deliveries_arrive_and_the_leader_projects_skip_and_double_nothing(
+        db_url: str) -> None:
+    """Rebuilds one after another while deliveries are appended and a leader and a standby
+    project them live, with the leader's session ended by the server now and then: at each
+    hand-over (the rebuild's checkpoint, the live batch behind it, a standby taking over)
+    no event is folded twice or left out, each finding is one ledger event folded once, and
+    the views end equal to a fresh rebuild."""
+    feeds = [mixed_events(40, seed=k, prefix=f"r{k}-") for k in range(5)]
+    conflicts = [e for i in range(20) for e in (
+        new_event("payment.confirmed", 91000, reference=f"RC{i}", amount=700),
+        new_event("payment.failed", 91055, reference=f"RC{i}", amount=0,
+                  timestamp="20261122090000"))]
+    everything = [e for feed in feeds for e in feed] + conflicts
+
+    async def caught_up() -> bool:
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+            cur = await conn.execute(
+                "SELECT (SELECT min(position) FROM hookledger_private.projection_checkpoints)"
+                " >= (SELECT max(position) FROM hookledger_private.ledger_events)")
+            return bool((await cur.fetchone())[0])  # type: ignore[index]
+
+    async def race() -> int:
+        projectors = [LiveProjector(db_url, batch_size=7, poll_s=0.05, standby_retry_s=0.05)
+                      for _ in range(2)]
+        tasks = [asyncio.create_task(p.run()) for p in projectors]
+        feeder = asyncio.create_task(append_all(db_url, [*conflicts, *(
+            e for feed in feeds for e in feed)], chunk=3))
+        rebuilds = 0
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as killer:
+            while not feeder.done() or rebuilds < 2:
+                await rebuild(db_url, batch_size=11, buffer_rows=5)
+                rebuilds += 1
+                await killer.execute(  # the leader's session, mid-batch or waiting
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE application_name = %s", (projectors[rebuilds % 2].name,))
+        await feeder
+        deadline = time.monotonic() + 20
+        while not await caught_up():
+            assert time.monotonic() < deadline, "the projectors did not catch up"
+            await asyncio.sleep(0.05)
+        for p in projectors:
+            p.stop()
+        await asyncio.gather(*tasks)
+        return rebuilds
+
+    assert asyncio.run(race()) >= 2
+    with psycopg.connect(db_url) as conn:
+        found = conn.execute("SELECT count(*) FROM hookledger.ledger "
+                             "WHERE event_type = 'discrepancy.detected'").fetchone()
+        folded = conn.execute("SELECT count(*), sum(event_count) "
+                              "FROM hookledger_private.discrepancies").fetchone()
+    assert found == (20,) and folded == (20, 20)
+    assert applied_counts(db_url) - 20 == expected_applications(everything)
+    live = snapshot(db_url)
+    assert asyncio.run(verify(db_url)).identical
+    asyncio.run(rebuild(db_url))
+    assert snapshot(db_url) == live
