@@ -297,6 +297,18 @@ class Settings(BaseSettings):
         assert value is not None
         if not value.startswith(("postgresql://", "postgres://", "postgresql+psycopg://")):
             raise ValueError("must be a postgresql:// URL")
+        from psycopg import ProgrammingError
+        from psycopg.conninfo import conninfo_to_dict
+
+        try:  # as libpq reads it (hookledger.database.libpq_url), without connecting
+            conninfo_to_dict("postgresql://" + value.split("://", 1)[1])
+        except ProgrammingError:
+            # not libpq's message: it quotes the piece it cannot read, for a "%" not
+            # written "%25" the whole password, which every command's traceback and every
+            # line serve's pool and projector logged showed (SQLAlchemy, migrating first,
+            # read the same URL without a word)
+            raise ValueError("libpq cannot read it: in the user name or password, write "
+                             "a % as %25 and an @ as %40") from None
         return value
 
     @field_validator("api_base_url")
