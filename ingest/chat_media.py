@@ -12,8 +12,9 @@ ledger event in stream ``chat-media:<media id>`` (source ``media``):
   N+1 is due ``retry_base_s * 2**(N-1)`` (capped) after it. Only failures that say something
   about the media (the API refused it, or answered what is no media) count toward giving
   up: after ``max_attempts`` of those the media is given up. An API that gave no usable
-  answer (``retryable``: connection, timeout, 429, 5xx), like a home that could not store
-  it (a full disk), said nothing about the media; counting it
+  answer (``retryable``: connection, timeout, 429, 5xx), like an API refusing our key (401,
+  403: a wrong, missing or expired one) or a home that could not store it (a full disk),
+  said nothing about the media; counting it
   gave up every media message that arrived during half a minute of outage or rate limiting,
   and nothing ever fetched them again. Those attempts go on at the capped delay, up to
   :data:`OUTAGE_ATTEMPTS` more: about twelve hours at the 300 s cap (the provider's own
@@ -114,6 +115,10 @@ class Pending:
 
 OUTAGE_ATTEMPTS = 150  # retryable failures a media rides out beyond ``max_attempts``
 MAX_DOUBLINGS = 62  # far past any cap; 2**1024 times a float overflowed
+# answers refusing who asks, not what is asked: counted toward giving up, a key mistyped,
+# rotated or expired gave up every media that arrived until it was put right, a few
+# seconds after each, and none was ever fetched again
+KEY_REFUSED = frozenset({401, 403})
 
 
 def backoff(failures: int, base_s: float, cap_s: float) -> float:
@@ -271,9 +276,10 @@ class MediaFetcher:
         except (ChatApiError, OSError) as exc:
             reason = exc.reason if isinstance(exc, ChatApiError) else "storage"
             detail = exc.detail if isinstance(exc, ChatApiError) else type(exc).__name__
-            # our own disk failing (full, a broken folder) says nothing about the media:
-            # waited out as an outage is, not counted toward giving the media up
-            retryable = isinstance(exc, OSError) or exc.retryable
+            # our own disk failing (full, a broken folder) or our key refused says nothing
+            # about the media: waited out as an outage is, not counted toward giving it up
+            retryable = isinstance(exc, OSError) or exc.retryable \
+                or exc.status in KEY_REFUSED
             final = given_up(row.failures + 1, row.refusals + (0 if retryable else 1),
                              self._max_attempts)
             await self._ledger.append([failed_event(row, reason, detail, self._clock(),

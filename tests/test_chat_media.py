@@ -428,3 +428,25 @@ def test_a_media_files_new_folders_are_made_durable_with_it(
     assert target.read_bytes() == b"picture bytes"
     # each new name's folder: the home (for media/), media/ (for its ab/), ab/ (the file)
     assert {home, home / "media", target.parent} <= set(synced)
+
+
+def test_an_api_key_the_provider_refuses_never_gives_the_media_up(
+        db_url: str, sandbox: Sandbox, tmp_path: Path) -> None:
+    """A 401 says the key is wrong (mistyped, rotated, expired), nothing about the media:
+    counted toward giving up, every media that arrived until the key was put right was
+    given up after a few seconds and never fetched again."""
+    sandbox.state.issue_media("media-key-1", "image")
+    settings: dict[str, Any] = dict(
+        chat_secrets={PHONE: SECRET}, api_base_url=sandbox.url, home=tmp_path,
+        chat_media_poll_s=0.1, chat_media_retry_base_s=0.1,
+        chat_media_max_attempts=MAX_ATTEMPTS, chat_api_timeout_s=2)
+    with running_service(db_url, api_key="a-key-the-provider-refuses", **settings) as base:
+        sandbox.state.set_webhook_url(PHONE, f"{base}/webhooks/chat/{PHONE}")
+        deliver_image(sandbox, "media-key-1", "wamid.K1", "d-k1")
+        wait_for(lambda: len(media_events(db_url)) > MAX_ATTEMPTS)
+    failed = [p for _, _, p in media_events(db_url)]
+    assert {p["detail"].split(",")[0] for p in failed} == {"HTTP 401"}
+    assert not any(p["final"] for p in failed) and all(p["retryable"] for p in failed)
+    with running_service(db_url, api_key=API_KEY, **settings):  # the key put right
+        [stored] = wait_for(lambda: fetched(db_url))
+    assert (tmp_path / stored["path"]).read_bytes() == media_bytes("media-key-1")
