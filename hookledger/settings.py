@@ -216,6 +216,24 @@ class Settings(BaseSettings):
                              "character is not")
         return SecretStr(token)
 
+    @field_validator("api_key")
+    @classmethod
+    def _api_key(cls, value: SecretStr | None) -> SecretStr | None:
+        """As the admin token: spaces and a line end around the key are layout (a key read
+        from a file keeps its newline), and a character outside printable ASCII cannot be
+        sent in the ``apiToken`` header. Either way every call to the provider failed, as a
+        transport error that named nothing to fix (a non-ASCII key stopped serve at
+        start with a UnicodeEncodeError). Never echoed."""
+        if value is None:
+            return None
+        key = value.get_secret_value().strip()
+        if not key:
+            return None
+        if not all(" " <= char <= "~" for char in key):
+            raise ValueError("the API key must be printable ASCII (it is sent in a header); "
+                             "one character is not")
+        return SecretStr(key)
+
     @field_validator("chat_error_causes", mode="before")
     @classmethod
     def _chat_causes(cls, value: Any) -> dict[str, int]:

@@ -328,6 +328,33 @@ def test_wrong_api_key_is_a_clear_error_without_the_key_or_a_secret(
     assert rotation_events(db_url) == []
 
 
+@pytest.mark.parametrize("layout", ["\n", "\r\n", " "])
+def test_an_api_key_with_a_line_end_or_spaces_around_it_still_rotates(
+        sandbox: Sandbox, db_url: str, tmp_path: Path, layout: str) -> None:
+    """A key read from a file keeps its line end (a Kubernetes secret made from a file, an
+    env file with CRLF ends): sent as it was, no HTTP client would send the header, and
+    every provider call (rotation, media, reconciliation) failed as a "transport error"
+    that named nothing to fix. Spaces around it are layout, as around the admin token."""
+    env = cli_env(db_url, sandbox.url, str(tmp_path), HOOKLEDGER_API_KEY=API_KEY + layout)
+    result = invoke(["chat", "rotate-secret", PHONE], env)
+    assert result.exit_code == 0, result.output
+    assert "rotated" in result.stdout and API_KEY not in result.output
+    assert OLD_SECRET != sandbox.state.number(PHONE).secret  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("key", ["k\u00e9y-with-an-accent", "key\twith-a-tab"])
+def test_an_api_key_no_header_can_carry_is_a_configuration_error_never_echoed(
+        sandbox: Sandbox, db_url: str, tmp_path: Path, key: str) -> None:
+    """A key no HTTP header can hold failed every call (a non-ASCII one stopped serve at
+    start with a UnicodeEncodeError naming no variable): refused naming the variable."""
+    env = cli_env(db_url, sandbox.url, str(tmp_path), HOOKLEDGER_API_KEY=key)
+    result = CliRunner().invoke(main, ["chat", "rotate-secret", PHONE], env=env)
+    assert result.exit_code == 2, result.output
+    assert "HOOKLEDGER_API_KEY" in result.output and "Traceback" not in result.output
+    assert key not in result.output and "with-a" not in result.output
+    assert OLD_SECRET == sandbox.state.number(PHONE).secret  # type: ignore[union-attr]
+
+
 def test_admin_route_needs_the_token_and_refuses_when_the_provider_refuses(
         db_url: str, sandbox: Sandbox, tmp_path: Path) -> None:
     with running_service(db_url, api_base_url=sandbox.url, api_key="not-the-key-5b1e",
