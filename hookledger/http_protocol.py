@@ -84,13 +84,42 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
     passed. A sender that went on sending, or stopped without closing, held the connection
     (and a file descriptor) for ever. Here it may go on for the keep-alive time after the
     answer, and once the body has passed the connection idles as after any answer.
+
+    The keep-alive time also bounds the wait for a whole request head, on a new connection
+    as after an answer. uvicorn set no timer before a connection's first answer, and every
+    byte cancelled the one it set after: a connection opened and left silent, or sent a head
+    a byte at a time (or blank lines, which start no request), held its file descriptor for
+    ever, and a few hundred of them left none for the next delivery's connection.
     """
 
     _linger: asyncio.TimerHandle | None = None
+    _heads = 0  # request heads completed on this connection
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(
             CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
+        # waiting for its first request as an idle connection waits for its next one
+        self.timeout_keep_alive_task = self.loop.call_later(
+            self.timeout_keep_alive, self.timeout_keep_alive_handler)
+
+    def data_received(self, data: bytes) -> None:
+        waiting = self.timeout_keep_alive_task
+        if waiting is None:  # a request in hand, or an answered one's body still arriving
+            super().data_received(data)
+            return
+        # uvicorn cancels the timer at every byte; it stands until a request's head is whole
+        self.timeout_keep_alive_task = None
+        heads = self._heads
+        super().data_received(data)
+        if self.timeout_keep_alive_task is None and self._heads == heads \
+                and not self.transport.is_closing():
+            self.timeout_keep_alive_task = waiting  # still no whole head: the deadline stands
+        else:
+            waiting.cancel()
+
+    def on_headers_complete(self) -> None:
+        self._heads += 1
+        super().on_headers_complete()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()

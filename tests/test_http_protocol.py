@@ -324,3 +324,63 @@ async def test_a_pipelined_request_still_taking_its_body_is_not_cut_off(port: in
     head, body = await read_response(reader)
     writer.close()
     assert head.startswith(b"HTTP/1.1 200 ") and body == b"read:" + b"x" * 3000
+
+
+async def test_a_connection_that_never_sends_a_request_is_closed_after_the_keep_alive(
+        port: int) -> None:
+    """uvicorn times a connection out only once it has answered on it: one opened and left
+    silent held its file descriptor for ever, and a few hundred of them (a slowloris, or
+    clients gone without a FIN) left no descriptor for the next delivery's connection."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    after = await closed_within(reader, KEEP_ALIVE_S + 4)
+    writer.close()
+    assert after is not None and after < KEEP_ALIVE_S + 2
+
+
+@pytest.mark.parametrize("opening", [b"GET /slow HTTP/1.1\r\n", b"\r\n"])
+async def test_a_request_head_trickled_a_byte_at_a_time_is_closed(port: int,
+                                                                   opening: bytes) -> None:
+    """Every byte cancelled the keep-alive timer, so a head sent a byte a second (or blank
+    lines, which start no request) held the connection for ever, on a new connection and
+    after an answer alike: the head must be whole within the keep-alive time."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(get("/first"))
+    head, _ = await read_response(reader)
+    assert head.startswith(b"HTTP/1.1 200 ")
+    fresh_reader, fresh_writer = await asyncio.open_connection("127.0.0.1", port)
+    header_bytes = b"\r\n" if opening == b"\r\n" else b"x-padding: " + b"a" * 1000
+
+    async def trickle(out: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):
+            out.write(opening)
+            for byte in header_bytes:
+                out.write(bytes([byte]))
+                await out.drain()
+                await asyncio.sleep(0.1)
+
+    tricklers = [asyncio.create_task(trickle(writer)), asyncio.create_task(trickle(fresh_writer))]
+    try:
+        after = await asyncio.gather(closed_within(reader, KEEP_ALIVE_S + 4),
+                                     closed_within(fresh_reader, KEEP_ALIVE_S + 4))
+    finally:
+        for trickler in tricklers:
+            trickler.cancel()
+        writer.close()
+        fresh_writer.close()
+    assert all(seconds is not None and seconds < KEEP_ALIVE_S + 2 for seconds in after), after
+
+
+async def test_a_request_whose_head_came_whole_is_answered_however_long_it_takes(
+        port: int) -> None:
+    """The bound is on the head alone: a request being answered (its body read, the
+    ledger's commit awaited) is never cut off by it, nor is one pipelined behind it."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(get("/stream") + b"GET /next HTTP/1.1\r\n")  # the second head unfinished
+    assert (await reader.readuntil(b"first")).startswith(b"HTTP/1.1 200 ")
+    await asyncio.sleep(KEEP_ALIVE_S * 2.5)
+    SECOND_PART.set()
+    assert (await reader.readuntil(b"0\r\n\r\n")).endswith(b"second\r\n0\r\n\r\n")
+    writer.write(b"Host: t\r\n\r\n")  # the rest of the second head, just after the answer
+    head, body = await read_response(reader)
+    writer.close()
+    assert head.startswith(b"HTTP/1.1 200 ") and body == b"/next"

@@ -8,6 +8,7 @@ race-free: so the keep-alive is configurable and outlasts common clients' and pr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -112,3 +113,23 @@ def test_by_default_an_idle_connection_outlasts_common_client_pools(db_url: str)
         time.sleep(6)
         assert not closed_by_server(sock)
         assert answered(sock)
+
+
+def test_serve_closes_a_silent_connection_and_a_trickled_head_after_the_keep_alive(
+        serving: int) -> None:
+    """A connection that never sent a request, or sent its head a byte at a time, was held
+    for ever (uvicorn's timer starts at an answer, and each byte cancelled it): with a few
+    hundred of them a worker had no file descriptor left for a genuine delivery."""
+    with connected(serving) as silent, connected(serving) as trickled:
+        trickled.sendall(b"POST /webhooks/general/main HTTP/1.1\r\nhost: hookledger\r\n")
+        started = time.monotonic()
+        closed: dict[str, float] = {}
+        while time.monotonic() - started < 8 and len(closed) < 2:
+            with contextlib.suppress(OSError):
+                trickled.sendall(b"x")
+            for name, sock in (("silent", silent), ("trickled", trickled)):
+                if name not in closed and closed_by_server(sock):
+                    closed[name] = time.monotonic() - started
+            time.sleep(0.2)
+    assert set(closed) == {"silent", "trickled"}, closed
+    assert all(seconds < 4 for seconds in closed.values()), closed  # 2 s keep-alive
