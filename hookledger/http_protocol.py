@@ -17,6 +17,14 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 FLUSH_AT = 64 * 1024  # bytes buffered in one turn that are sent without waiting for its end
+# the most of a request's head (request line and headers) taken before it is refused: exactly,
+# on a connection waiting for a request; pipelined behind one, from the read after the one the
+# head began in (that read may also end the last body), so up to a read (256 KiB) more
+MAX_HEAD_BYTES = 64 * 1024
+HEAD_TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+                  b"content-type: text/plain; charset=utf-8\r\n"
+                  b"content-length: 31\r\nconnection: close\r\n\r\n"
+                  b"Request header fields too large")
 
 
 class CoalescingTransport:
@@ -90,10 +98,17 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
     byte cancelled the one it set after: a connection opened and left silent, or sent a head
     a byte at a time (or blank lines, which start no request), held its file descriptor for
     ever, and a few hundred of them left none for the next delivery's connection.
+
+    Nor is a head taken past :data:`MAX_HEAD_BYTES`: httptools has no bound of its own, and
+    a header line that never ended was held whole, however large (a body is never held past
+    ``HOOKLEDGER_MAX_BODY_BYTES``), till the worker ran out of memory. It is answered
+    ``431`` and the connection closed.
     """
 
     _linger: asyncio.TimerHandle | None = None
     _heads = 0  # request heads completed on this connection
+    _in_head = False  # a request has begun and its head is not yet whole
+    _head_bytes = 0  # of that head so far (see MAX_HEAD_BYTES)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(
@@ -103,6 +118,20 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
             self.timeout_keep_alive, self.timeout_keep_alive_handler)
 
     def data_received(self, data: bytes) -> None:
+        # waiting for a request: the read is blank lines and the head, till a head is whole
+        waiting = self.timeout_keep_alive_task is not None and self._linger is None
+        in_head, heads = self._in_head, self._heads
+        self._timed_data_received(data)
+        if self._in_head and (in_head or (waiting and self._heads == heads)):
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
+                if self.cycle is not None and not self.cycle.response_complete:
+                    self.flow.pause_reading()  # pipelined: the request in hand is answered
+                    return  # first, and the next read after its answer refuses this one
+                self.transport.write(HEAD_TOO_LARGE)
+                self.transport.close()
+
+    def _timed_data_received(self, data: bytes) -> None:
         waiting = self.timeout_keep_alive_task
         if waiting is None:  # a request in hand, or an answered one's body still arriving
             super().data_received(data)
@@ -119,6 +148,7 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._heads += 1
+        self._in_head = False
         super().on_headers_complete()
 
     def on_response_complete(self) -> None:
@@ -143,6 +173,7 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
         self._unset_keepalive_if_required()
         self._cancel_linger()
         super().on_message_begin()
+        self._in_head, self._head_bytes = True, 0
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_linger()

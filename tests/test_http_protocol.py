@@ -17,6 +17,7 @@ from starlette.types import Receive, Scope, Send
 
 from hookledger.http_protocol import (
     FLUSH_AT,
+    MAX_HEAD_BYTES,
     CoalescingHttpToolsProtocol,
     CoalescingTransport,
     complete_body,
@@ -384,3 +385,49 @@ async def test_a_request_whose_head_came_whole_is_answered_however_long_it_takes
     head, body = await read_response(reader)
     writer.close()
     assert head.startswith(b"HTTP/1.1 200 ") and body == b"/next"
+
+
+async def test_a_request_head_past_its_bound_is_answered_431_and_closed(port: int) -> None:
+    """A head has no size of its own in httptools: a header line that never ended was held
+    whole (330 MiB of a worker's memory for 185 MiB sent, in a test), however large, till
+    the worker ran out of memory, where a body is never held past its limit."""
+    start = b"GET /big HTTP/1.1\r\nHost: t\r\nx-big: "
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(start + b"a" * (MAX_HEAD_BYTES + 1 - len(start)))  # one byte too many
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)  # not the timer's close
+    after = await closed_within(reader, 5)
+    writer.close()
+    assert head.startswith(b"HTTP/1.1 431 ") and b"connection: close" in head.lower()
+    assert after is not None
+
+
+async def test_a_request_head_within_its_bound_and_a_large_body_are_answered(port: int) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    headers = b"".join(b"x-h%d: %s\r\n" % (n, b"v" * 4000) for n in range(12))  # 48 KiB
+    writer.write(b"GET /big HTTP/1.1\r\nHost: t\r\n" + headers + b"\r\n")
+    head, body = await read_response(reader)
+    assert head.startswith(b"HTTP/1.1 200 ") and body == b"/big"
+    writer.write(declaring("/body", 900_000))
+    for _ in range(9):
+        writer.write(b"y" * 100_000)
+        await writer.drain()
+    head, body = await read_response(reader)
+    writer.close()
+    assert head.startswith(b"HTTP/1.1 200 ") and body == b"read:" + b"y" * 900_000
+
+
+async def test_a_head_past_its_bound_pipelined_behind_a_request_waits_for_its_answer(
+        port: int) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(get("/stream") + b"GET /big HTTP/1.1\r\nx-big: ")
+    assert (await reader.readuntil(b"first")).startswith(b"HTTP/1.1 200 ")
+    for _ in range(4):  # 256 KiB of the next head while the first answer is being sent
+        writer.write(b"a" * 65536)
+        await writer.drain()
+    await asyncio.sleep(0.2)
+    SECOND_PART.set()
+    assert (await reader.readuntil(b"0\r\n\r\n")).endswith(b"second\r\n0\r\n\r\n")
+    writer.write(b"a")  # (little: all of it read before the close, which a reset would cut)
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    writer.close()
+    assert head.startswith(b"HTTP/1.1 431 ")

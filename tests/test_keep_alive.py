@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from hookledger.http_protocol import MAX_HEAD_BYTES
 from hookledger.settings import Settings
 from tests.live import running_service
 from tests.test_serve_process import free_port, wait_ready
@@ -133,3 +134,17 @@ def test_serve_closes_a_silent_connection_and_a_trickled_head_after_the_keep_ali
             time.sleep(0.2)
     assert set(closed) == {"silent", "trickled"}, closed
     assert all(seconds < 4 for seconds in closed.values()), closed  # 2 s keep-alive
+
+
+def test_serve_answers_a_head_past_its_bound_431_and_closes_it(serving: int) -> None:
+    """A header line that never ended was taken whole, however large, till the worker ran
+    out of memory (330 MiB for 185 MiB sent): now refused once past 64 KiB."""
+    start = b"POST /webhooks/general/main HTTP/1.1\r\nhost: hookledger\r\nx-big: "
+    with connected(serving) as sock:
+        sock.sendall(start + b"a" * (MAX_HEAD_BYTES + 1 - len(start)))
+        answer = b""
+        while chunk := sock.recv(4096):  # to the close (else its 5 s timeout fails it)
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 431 ")
+    with connected(serving) as sock:
+        assert answered(sock)
