@@ -90,6 +90,15 @@ def _stored_payload(event: NewEvent) -> str | None:
     return event.payload_json
 
 
+# SQLSTATE classes that say the database as it stands cannot run the statement, whatever its
+# values (they are bound parameters, with explicit casts): access rules and missing objects
+# (42: a role left without INSERT by a restore that dropped the grants, a table not there
+# yet) and a missing schema (3F). Taken for the event's fault, a direct delivery was
+# answered 503 with the spool at hand (the general system never resends), and a spooled one
+# was moved to the quarantine file by the drain, out of the ledger once the grant was back.
+NOT_THE_EVENTS_FAULT = frozenset({"42", "3F"})
+
+
 @asynccontextmanager
 async def translated_errors() -> AsyncIterator[None]:
     """Turn driver errors into the ledger's own, so callers never import psycopg."""
@@ -103,6 +112,8 @@ async def translated_errors() -> AsyncIterator[None]:
     except psycopg.IntegrityError as exc:
         raise LedgerIntegrityError(str(exc).splitlines()[0]) from exc
     except psycopg.Error as exc:
+        if (exc.sqlstate or "")[:2] in NOT_THE_EVENTS_FAULT:
+            raise LedgerUnavailable(f"database unavailable: {type(exc).__name__}") from exc
         raise LedgerError(f"database error: {type(exc).__name__}") from exc
 
 

@@ -8,6 +8,7 @@ import random
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -443,16 +444,24 @@ def test_a_stale_but_genuine_delivery_is_refused_as_stale(service: str, db_url: 
     assert (verified, kept) == (False, 1024)
 
 
-def test_an_unavailable_ledger_is_503_never_200(service: str, db_url: str) -> None:
-    with psycopg.connect(db_url, autocommit=True) as conn:
-        conn.execute("ALTER TABLE hookledger_private.ledger_events RENAME TO ledger_away")
-        try:
-            answer = post(service, PHONE, encode(inbound()), secret=SECRETS[PHONE])
-        finally:
-            conn.execute("ALTER TABLE hookledger_private.ledger_away RENAME TO ledger_events")
-    assert answer.status_code == 503
-    answer = post(service, PHONE, encode(inbound()), secret=SECRETS[PHONE])
-    assert answer.status_code == 200 and answer.json()["duplicate"] is False
+def test_an_unavailable_ledger_is_503_never_200(db_url: str, tmp_path: Path) -> None:
+    """With no spool to take it either (a missing table is the database unavailable, and
+    spooled when the spool can: test_spool)."""
+    with running_service(db_url, chat_secrets=SECRETS, rotation_grace_s=GRACE,
+                         home=tmp_path) as service:
+        [spool] = (tmp_path / "spool").glob("db-*")
+        spool.rmdir()
+        spool.write_text("a file where the spool folder should be")  # even root cannot
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            conn.execute("ALTER TABLE hookledger_private.ledger_events RENAME TO ledger_away")
+            try:
+                answer = post(service, PHONE, encode(inbound()), secret=SECRETS[PHONE])
+            finally:
+                conn.execute(
+                    "ALTER TABLE hookledger_private.ledger_away RENAME TO ledger_events")
+        assert answer.status_code == 503
+        answer = post(service, PHONE, encode(inbound()), secret=SECRETS[PHONE])
+        assert answer.status_code == 200 and answer.json()["duplicate"] is False
 
 
 def test_chat_metrics_count_accepted_duplicates_and_refusals(service: str) -> None:

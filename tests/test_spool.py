@@ -832,3 +832,93 @@ def test_a_file_this_process_cannot_read_holds_back_only_its_own_writers_later_f
     unreadable.mkdir()  # opening it fails for root too (IsADirectoryError)
     drained = [read_records(handle.read())[0] for _, handle in Spool(tmp_path).drainable()]
     assert drained == [[event(3)]]
+
+
+@contextlib.contextmanager
+def writing_role(db_url: str) -> Iterator[tuple[str, str]]:
+    """A role that may read and write everything (not a superuser, whose rights nothing
+    takes away), and the test database's URL as that role."""
+    role = f"hl_writer_{os.urandom(5).hex()}"
+    if "://postgres@" not in db_url:
+        pytest.skip("the test database's URL names no postgres user to replace")
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN")
+        conn.execute(f"GRANT pg_read_all_data, pg_write_all_data TO {role}")
+    url = db_url.replace("://postgres@", f"://{role}@", 1)
+    try:
+        try:
+            psycopg.connect(url).close()
+        except psycopg.OperationalError:
+            pytest.skip("the test server asks this new role for a password")
+        yield role, url
+    finally:
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            conn.execute(f"DROP ROLE {role}")
+
+
+def _may_write(db_url: str, role: str, allowed: bool) -> None:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(f"{'GRANT' if allowed else 'REVOKE'} pg_write_all_data "
+                     f"{'TO' if allowed else 'FROM'} {role}")
+
+
+def _references(db_url: str, count: int) -> list[str]:
+    deadline = time.monotonic() + 30
+    while True:
+        with psycopg.connect(db_url) as conn:
+            refs = [r for (r,) in conn.execute(
+                "SELECT payload->>'reference' FROM hookledger.ledger ORDER BY position")]
+        if len(refs) >= count or time.monotonic() > deadline:
+            return refs
+        time.sleep(0.1)
+
+
+def test_a_role_that_may_not_write_spools_the_delivery_and_it_drains_once_it_may(
+        db_url: str, tmp_path: Path) -> None:
+    """Privileges lost (a restore that left the grants behind) are the database's state, not
+    the event's: the delivery was taken for one the database refuses, its unstorable form
+    was refused too, and it was answered 503 with the spool at hand; the general system
+    never sends it again."""
+    raw = encode(general_body("payment.confirmed", 91000, reference="NO-GRANT"))
+    headers = {"x-service-signature": general_header("s3cret", raw)}
+    with writing_role(db_url) as (role, url), \
+            running_service(url, general_secrets="main=s3cret", home=tmp_path) as base:
+        _may_write(db_url, role, False)
+        try:
+            answer = httpx.post(f"{base}/webhooks/general/main", content=raw,
+                                headers=headers, timeout=30)
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["spooled"] is True
+        finally:
+            _may_write(db_url, role, True)
+        assert _references(db_url, 1) == ["NO-GRANT"]
+    assert not list(tmp_path.joinpath("spool").rglob("*.hls"))
+
+
+def test_a_spooled_delivery_waits_while_the_role_may_not_write_never_quarantined(
+        db_url: str, pg_admin_url: str, tmp_path: Path) -> None:
+    """Spooled during an outage, then drained into a database that came back without the
+    role's grants: every event was refused, kept as unstorable refused too, and moved to
+    the quarantine file, so that, answered 200, it never reached the ledger once the grant
+    was back."""
+    name = str(conninfo_to_dict(db_url)["dbname"])
+    raw = encode(general_body("payment.confirmed", 91000, reference="SPOOLED-NO-GRANT"))
+    headers = {"x-service-signature": general_header("s3cret", raw)}
+    with writing_role(db_url) as (role, url), \
+            running_service(url, general_secrets="main=s3cret", home=tmp_path,
+                            append_timeout_s=0.5) as base:
+        _connections(pg_admin_url, name, allow=False)
+        try:
+            answer = httpx.post(f"{base}/webhooks/general/main", content=raw,
+                                headers=headers, timeout=30)
+            assert answer.status_code == 200 and answer.json()["spooled"] is True
+            _may_write(pg_admin_url, role, False)
+        finally:
+            _connections(pg_admin_url, name, allow=True)
+        try:
+            time.sleep(3)  # drain rounds meet the missing grant
+            assert not (database_spool(tmp_path) / QUARANTINE).exists()
+        finally:
+            _may_write(db_url, role, True)
+        assert _references(db_url, 1) == ["SPOOLED-NO-GRANT"]
+    assert not list(tmp_path.joinpath("spool").rglob("*.hls"))
