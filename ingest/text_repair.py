@@ -117,7 +117,7 @@ def _dotted(path: Path) -> str:
 def repaired_object(raw: bytes, error: BodyError,
                     identifying: Identifying) -> Repaired | None:
     """The body read with its unholdable text mended, or None when it must stay
-    unstorable: another flaw, or a mended string in a field that ``identifying``."""
+    unstorable: another flaw, or a mended string in a field ``identifying`` names."""
     if error.reason not in REPAIRABLE_REASONS:
         return None
     places = unholdable_places(lenient_object(raw))
