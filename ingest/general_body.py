@@ -137,6 +137,9 @@ def _text(body: dict[str, Any], key: str, *, required: bool = False,
     return value
 
 
+MONEY_DIGITS = 15  # an amount's digits either side of the point, at most
+
+
 def _number(body: dict[str, Any], key: str, *, required: bool = False,
             where: str = "") -> Decimal | None:
     value = body.get(key)
@@ -149,9 +152,14 @@ def _number(body: dict[str, Any], key: str, *, required: bool = False,
     amount = Decimal(value)
     if amount < 0:
         raise BodyError("invalid_field", f"{where}{key} must not be negative")
-    # the exponent of zero tells nothing: 0E-20 (a failure's amount, written with twenty
-    # decimals) read as out of range, and the failure as malformed
-    if amount and abs(amount.adjusted()) > 15:
+    if not amount:
+        # the exponent of zero tells nothing: 0E-20 (a failure's amount, written with twenty
+        # decimals) read as out of range, and the failure as malformed. Past money's
+        # places it is kept as plain 0, so that no column is handed a thousand of them.
+        exponent = amount.as_tuple().exponent
+        fits = isinstance(exponent, int) and -MONEY_DIGITS <= exponent <= 0
+        return amount if fits else Decimal(0)
+    if abs(amount.adjusted()) > MONEY_DIGITS:
         raise BodyError("invalid_field", f"{where}{key} is out of range for money")
     return amount
 

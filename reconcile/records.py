@@ -236,8 +236,14 @@ class RecordMapping:
                 raise MappingError("amount is not a number") from exc
             if not amount.is_finite():
                 raise MappingError("amount is not a number")
-            if amount and (amount.adjusted() > MAX_AMOUNT_EXPONENT
-                           or amount.as_tuple().exponent < -MAX_AMOUNT_PLACES):  # type: ignore[operator]
+            exponent = amount.as_tuple().exponent
+            assert isinstance(exponent, int)  # finite
+            if not amount:
+                # zero's exponent tells nothing (0E-20 was refused every pass); past the
+                # places a column takes it is plain 0: 0E-20000, stored as 20,000 places,
+                # failed the projector's every batch from then on
+                amount = amount if -MAX_AMOUNT_PLACES <= exponent <= 0 else Decimal(0)
+            elif amount.adjusted() > MAX_AMOUNT_EXPONENT or exponent < -MAX_AMOUNT_PLACES:
                 # past what a projection's numeric column takes: stored, it would fail the
                 # projector's every batch from then on
                 raise MappingError("amount is out of range for money")

@@ -408,3 +408,15 @@ def test_a_php_escaped_base64_signature_is_blanked_whole() -> None:
     backup = UNSTORABLE_WITH.format('"Zm9vYmFy\\/YmF6+Mg=="').encode()
     assert unstorable_general(primary, error).dedupe_key == \
         unstorable_general(backup, error).dedupe_key
+
+
+@pytest.mark.parametrize(("spelled", "kept"), [
+    ("0.00", "0.00"), ("0E-999", "0"), ("0e20", "0"), ("0.0000000000000000000000", "0")])
+def test_a_zero_amount_past_moneys_places_is_kept_as_plain_zero(spelled: str,
+                                                                 kept: str) -> None:
+    """Zero is zero whatever its spelling; past money's places it is kept as ``0``, not as a
+    thousand decimal places for every column and report to carry (the provider's records,
+    read by the same rules, could hand the projector more than ``numeric`` holds)."""
+    read = read_general(body(event="payment.failed", code=91051, amount=Decimal(spelled),
+                             transactionId="-1"), EAT)
+    assert (read.event_type, read.facts["amount"]) == ("payment.failed", kept)
