@@ -98,7 +98,7 @@ class Span:
     result: str  # its verdict, as counted in the pass result
 
 
-GIVE_UP_CHECKS = 30  # about a day of checks: 1, 2, 4 ... 32 minutes apart, then hourly
+GIVE_UP_CHECKS = 30  # a young subject's first day of checks: 1, 2 ... 32 minutes apart, hourly
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,8 @@ class PassConfig:
     # daily after that, and once it is ``give_up_after`` old no more until its row changes
     # or a new finding names it (``None``: for ever), if it was asked
     # :data:`GIVE_UP_CHECKS` times by then (one first asked when already old, an
-    # expectation registered late, is asked for about a day). Asked hourly for ever, each
+    # expectation registered late, is asked daily for some weeks) and its window has
+    # passed (a window longer than the give-up age is waited out). Asked hourly for ever, each
     # initiation that never reached the provider cost 24 lookups and ledger events a day
     # without end, and enough of them crowded every pass.
     slow_after: timedelta = timedelta(days=1)
@@ -295,8 +296,9 @@ class Reconciler:
                               "error", result.pass_id))
                 continue
             next_at = None if verdict.settled else now + backoff
+            window = cfg.window if d.subject == "collection" else cfg.payout_window
             if next_at is not None and verdict.result != "error" and tries + 1 >= GIVE_UP_CHECKS \
-                    and cfg.give_up_after is not None and age >= cfg.give_up_after:
+                    and cfg.give_up_after is not None and age >= max(cfg.give_up_after, window):
                 next_at = None  # its open findings stay open, for a person
                 result.given_up += 1
                 log.info("reconcile.given_up", subject=d.subject, reference=d.reference,

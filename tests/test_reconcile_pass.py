@@ -1122,3 +1122,21 @@ def test_a_subject_unsettled_for_over_a_day_is_asked_daily_not_hourly(db_url: st
     assert rows(db_url, "SELECT reference, next_check_at - last_checked_at "
                         "FROM hookledger_private.reconcile_subjects ORDER BY reference") == [
         ("OLD-1", timedelta(days=1)), ("YOUNG-1", timedelta(hours=1))]
+
+
+def test_a_subject_is_never_given_up_inside_its_window(db_url: str) -> None:
+    """A payout window longer than the give-up age is waited out: given up at 31 days, the
+    payout unknown at the provider would never have been flagged unresolved or unknown."""
+    state = CountingState()
+    expect(db_url, "PO-LONG", "payout", 100)
+    start = datetime.now(UTC)
+    with running_sandbox(state=state) as api:
+        window = {"payout_window": timedelta(days=40)}
+        assert reconcile(db_url, api.url, now=start, **window).given_up == 0
+        rows(db_url, "UPDATE hookledger_private.reconcile_subjects SET checks = 29 "
+                     "RETURNING 1")
+        inside = reconcile(db_url, api.url, now=start + timedelta(days=31), **window)
+        assert (state.asked["PO-LONG"], inside.given_up, discrepancies(db_url)) == (2, 0, [])
+        after = reconcile(db_url, api.url, now=start + timedelta(days=41), **window)
+        assert (state.asked["PO-LONG"], after.given_up) == (3, 1)
+        assert [kind for kind, *_ in discrepancies(db_url)] == ["unknown_at_provider"]
