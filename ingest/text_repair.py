@@ -164,10 +164,17 @@ def chat_identifying(path: Path) -> bool:
             return True
         return len(path) >= 3 and path[2] == "id"  # a media message's media id
     if top == "status":
+        if len(path) >= 2 and path[1] == "errors":  # read as the top level's when that is not
+            return _error_identifying(path[2:])
         return len(path) < 2 or path[1] in CHAT_STATUS_KEYED
     if top == "errors":
-        return len(path) < 3 or path[2] == "code"
+        return _error_identifying(path[1:])
     return False
+
+
+def _error_identifying(path: Path) -> bool:
+    """Within ``errors``: an error's code (its cause) keys the failure; its title describes."""
+    return len(path) < 2 or path[1] == "code"
 
 
 class Read(Protocol):

@@ -108,6 +108,12 @@ def test_a_general_field_that_files_or_keys_it_is_not_mended(place: tuple[str, .
     (inbound("image"), ("message", "image", "id"), False),
     (status(), ("status", "id"), False),
     (status(), ("status", "recipient_id"), False),
+    (status("failed", errors=[{"code": "131026", "title": "Undeliverable"}]),
+     ("errors", 0, "code"), False),
+    (dict(status("failed"), status=dict(status("failed")["status"], errors=[
+        {"code": "131026", "title": "Undeliverable"}])), ("status", "errors", 0, "code"), False),
+    (dict(status("failed"), status=dict(status("failed")["status"], errors=[
+        {"code": 131026, "title": "Undeliverable"}])), ("status", "errors", 0, "title"), True),
 ])
 def test_chat_fields_that_describe_are_mended_and_ids_are_not(
         base: dict[str, Any], place: tuple[Any, ...], mendable: bool) -> None:
