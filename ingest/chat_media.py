@@ -119,6 +119,13 @@ MAX_DOUBLINGS = 62  # far past any cap; 2**1024 times a float overflowed
 # rotated or expired gave up every media that arrived until it was put right, a few
 # seconds after each, and none was ever fetched again
 KEY_REFUSED = frozenset({401, 403})
+AUTHENTICATION_CODES = range(40000, 50000)  # the spec's 4xxxx, whatever the HTTP status
+
+
+def key_refused_code(code: int | None) -> bool:
+    """An envelope code of the authentication service: the API's HTTP statuses are not in
+    the spec, so a refused key may come as a 200 or 400 carrying 40101 as well as a 401."""
+    return code is not None and code in AUTHENTICATION_CODES
 
 
 def backoff(failures: int, base_s: float, cap_s: float) -> float:
@@ -279,7 +286,7 @@ class MediaFetcher:
             # our own disk failing (full, a broken folder) or our key refused says nothing
             # about the media: waited out as an outage is, not counted toward giving it up
             retryable = isinstance(exc, OSError) or exc.retryable \
-                or exc.status in KEY_REFUSED
+                or exc.status in KEY_REFUSED or key_refused_code(exc.code)
             final = given_up(row.failures + 1, row.refusals + (0 if retryable else 1),
                              self._max_attempts)
             await self._ledger.append([failed_event(row, reason, detail, self._clock(),

@@ -17,7 +17,14 @@ from hypothesis import strategies as st
 import ingest.chat_media
 import ingest.durable
 from ingest.chat_api import ChatApiMalformed, ChatApiRefused, ChatApiUnavailable, parse_envelope
-from ingest.chat_media import OUTAGE_ATTEMPTS, MediaStore, Pending, backoff, plan
+from ingest.chat_media import (
+    OUTAGE_ATTEMPTS,
+    MediaStore,
+    Pending,
+    backoff,
+    key_refused_code,
+    plan,
+)
 from sandbox.runner import Sandbox, running_sandbox
 from sandbox.state import media_bytes
 from tests.chat_events import PHONE, encode, inbound
@@ -450,3 +457,13 @@ def test_an_api_key_the_provider_refuses_never_gives_the_media_up(
     with running_service(db_url, api_key=API_KEY, **settings):  # the key put right
         [stored] = wait_for(lambda: fetched(db_url))
     assert (tmp_path / stored["path"]).read_bytes() == media_bytes("media-key-1")
+
+
+@pytest.mark.parametrize(("code", "refused"), [
+    (40101, True), (40000, True), (49999, True), (30001, False), (1404, False), (None, False)])
+def test_an_authentication_code_is_a_refused_key_whatever_the_http_status(
+        code: int | None, refused: bool) -> None:
+    """The API's HTTP statuses are not in the spec: a key refused as a 200 or a 400 carrying
+    the authentication service's 4xxxx is waited out as a 401 is, not counted toward giving
+    the media up."""
+    assert key_refused_code(code) is refused
