@@ -14,12 +14,22 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import psycopg
+import structlog
+from psycopg_pool import PoolTimeout
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 Handler = Callable[[Request], Awaitable[Response]]
 OPENAPI_PATH = "/api/openapi.json"
+# how long an admin handler waits for a pooled connection (pool.connection(timeout=...)):
+# the pool's own 30 s default, kept for ingest, outlasts the caller, who then hears a 500
+CONNECTION_TIMEOUT_S = 5.0
+RETRY_AFTER_S = 5
+UNAVAILABLE = {503: "the database is unreachable (database_unavailable, with Retry-After)"}
+
+log = structlog.get_logger("hookledger.admin_api")
 
 
 @dataclass(frozen=True)
@@ -54,11 +64,23 @@ def bad_request(detail: str) -> JSONResponse:
     return JSONResponse({"error": "bad_request", "detail": detail}, status_code=400)
 
 
+def database_unavailable() -> JSONResponse:
+    return JSONResponse({"error": "database_unavailable"}, status_code=503,
+                        headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
 def guarded(handler: Handler, token: str | None) -> Handler:
     async def guard(request: Request) -> Response:
         if not _authorised(request, token):
             return unauthorised()
-        return await handler(request)
+        try:
+            return await handler(request)
+        except (PoolTimeout, psycopg.OperationalError) as exc:
+            # a database gone is the caller's to retry, not a bug: no traceback; the error's
+            # type only, as its text can name the server and user
+            log.warning("admin_api.database_unavailable", path=request.url.path,
+                        error=type(exc).__name__)
+            return database_unavailable()
 
     return guard
 
@@ -73,7 +95,8 @@ def openapi_document(routes: Sequence[AdminRoute]) -> dict[str, Any]:
                 str(status): ({"description": text, "content": {"application/json": {
                     "schema": route.response_schema}}}
                     if status < 300 and route.response_schema else {"description": text})
-                for status, text in {**route.responses, 401: "missing or wrong token"}.items()
+                for status, text in {**UNAVAILABLE, **route.responses,
+                                     401: "missing or wrong token"}.items()
             },
         }
         params = [part[1:-1] for part in route.path.split("/") if part.startswith("{")]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from hookledger.admin_api import AdminRoute
+from hookledger.admin_api import CONNECTION_TIMEOUT_S, AdminRoute
 from ingest.chat_rotation import ROTATE_RESPONSE_SCHEMA, admin_rotate_secret
 from projections.live import leader_query
 
@@ -14,7 +14,7 @@ async def status(request: Request) -> Response:
     """Where the ledger and the projector stand."""
     pool = request.app.state.runtime.pool
     leader_sql, leader_params = leader_query(request.app.state.projector_name)
-    async with pool.connection() as conn:
+    async with pool.connection(timeout=CONNECTION_TIMEOUT_S) as conn:
         cur = await conn.execute(
             "SELECT (SELECT coalesce(max(position), 0) FROM hookledger_private.ledger_events),"
             " (SELECT coalesce(min(position), 0) FROM "
@@ -46,7 +46,8 @@ ADMIN_ROUTES.append(AdminRoute(
                502: "the provider refused or answered unusably; one that rotated without "
                     "the secret where it was looked for is kept in a 0600 file (see "
                     "rescued_to, fields and command)",
-               503: "API not configured or provider unavailable"},
+               503: "API not configured, provider unavailable, or the database "
+                    "unreachable (database_unavailable)"},
     response_schema=ROTATE_RESPONSE_SCHEMA))
 
 from reconcile.api import post_expectation  # noqa: E402

@@ -10,6 +10,7 @@ from typing import cast
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from hookledger.admin_api import CONNECTION_TIMEOUT_S
 from ingest.body import read_limited
 from ingest.errors import BodyIncomplete, BodyTooLarge, BodyTooSlow
 from ingest.incoming import DeliveryRequest
@@ -53,7 +54,7 @@ async def post_expectation(request: Request) -> Response:
         return _error(400, "bad_request", str(exc))
     pool = request.app.state.runtime.pool
     try:
-        async with pool.connection() as conn:
+        async with pool.connection(timeout=CONNECTION_TIMEOUT_S) as conn:
             created = await register(conn, expectation)
             if not created:  # answered as kept: the first registration's time and amount
                 expectation = await registered(conn, expectation.reference) or expectation

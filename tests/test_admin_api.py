@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections.abc import Iterator
 
 import httpx
+import psycopg
 import pytest
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from tests.live import running_service
 
@@ -48,6 +53,44 @@ def test_the_openapi_document_lists_every_route(service: str) -> None:
     # it (408 for a trickled body and 409 for a rotation already running were not)
     answers = {path: set(document["paths"][path]["post"]["responses"])
                for path in ("/api/expectations", "/api/chat/{phone_number_id}/rotate-secret")}
-    assert answers["/api/expectations"] >= {"200", "201", "400", "408", "409", "413"}
+    assert answers["/api/expectations"] >= {"200", "201", "400", "408", "409", "413", "503"}
+    assert "503" in document["paths"]["/api/status"]["get"]["responses"]
     assert answers["/api/chat/{phone_number_id}/rotate-secret"] >= {
         "200", "400", "409", "500", "502", "503"}
+
+
+@contextlib.contextmanager
+def database_gone(db_url: str) -> Iterator[None]:
+    """The service's database refuses new connections and its open ones are cut: a server
+    that went away, as far as the service can tell."""
+    name = conninfo_to_dict(db_url)["dbname"]
+    with psycopg.connect(make_conninfo(db_url, dbname="postgres"), autocommit=True) as conn:
+        conn.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS false").format(
+            sql.Identifier(name)))
+        try:
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                         "WHERE datname = %s", (name,))
+            yield
+        finally:
+            conn.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS true").format(
+                sql.Identifier(name)))
+
+
+@pytest.mark.parametrize(("method", "path", "body"), [
+    ("GET", "/api/status", None),
+    ("POST", "/api/expectations", {"reference": "GONE-1", "kind": "collection",
+                                   "amount": "1000"})])
+def test_a_database_gone_is_answered_503_at_once(
+        db_url: str, method: str, path: str, body: dict[str, str] | None) -> None:
+    """Before, the pool's broken connection or its 30 s wait for a new one ended in a 500
+    with a traceback, after the client had most likely given up: a client registering
+    expectations inline needs a prompt 503 it can retry on."""
+    with running_service(db_url, admin_token=TOKEN) as base, database_gone(db_url):
+        for _ in range(3):  # the first may meet a cut connection, a later one waits for one
+            started = time.monotonic()
+            answer = httpx.request(method, f"{base}{path}", json=body, timeout=60,
+                                   headers={"authorization": f"Bearer {TOKEN}"})
+            assert answer.status_code == 503, answer.text
+            assert answer.json()["error"] == "database_unavailable"
+            assert int(answer.headers["retry-after"]) > 0
+            assert time.monotonic() - started < 10
