@@ -164,19 +164,22 @@ def _write_once(url: str, directory: Path, windows: Windows | None,
         except BlockingIOError:
             log.info("reconcile.report_skipped", reason="another process is writing it")
             return []
-        began = last_report_began(directory)
-        if interval is not None and began is not None and (
-                datetime.now(UTC) - began < interval / 2):
+        now = datetime.now(UTC)
+        began = last_report_began(directory, now)
+        if interval is not None and began is not None and now - began < interval / 2:
             log.info("reconcile.report_skipped", reason="written this interval")
             return []
         return write_report_files(url, directory, windows, keep)
 
 
-def last_report_began(directory: Path) -> datetime | None:
+def last_report_began(directory: Path, now: datetime | None = None) -> datetime | None:
     """When the newest stamped report began, by the time in its name (a report that took
-    long finished late: counted from then, a lone worker skipped every other interval)."""
+    long finished late: counted from then, a lone worker skipped every other interval).
+    One stamped after ``now`` is left out: written while the clock ran ahead, it counted as
+    this interval's until the clock reached it, and no report was written meanwhile."""
     stamps = [stamp for path in directory.glob("discrepancies-*.json")
-              if (stamp := report_stamp(path.name)) is not None]
+              if (stamp := report_stamp(path.name)) is not None
+              and (now is None or stamp <= now)]
     return max(stamps, default=None)
 
 

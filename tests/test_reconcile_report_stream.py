@@ -168,6 +168,31 @@ def test_a_report_that_took_long_does_not_make_the_next_interval_skip(
     assert asyncio.run(worker.report_once())
 
 
+def test_a_report_stamped_ahead_of_the_clock_does_not_stop_the_schedule(
+        db_url: str, tmp_path: Path) -> None:
+    """A clock that ran ahead (a host booted a day fast, then set right by NTP) left a
+    report stamped in the future: every interval counted it as begun less than half an
+    interval ago and skipped, so no report was written until the clock reached that
+    stamp, a day later; a stamp ahead of the clock is no report of this interval."""
+    from datetime import timedelta
+
+    from reconcile.report_files import STAMP_FORMAT
+    from reconcile.scheduler import ReconcileScheduler
+
+    ahead = datetime.now(UTC) + timedelta(days=1)
+    for fmt in FORMATS:
+        (tmp_path / f"discrepancies-{ahead.strftime(STAMP_FORMAT)}.{fmt}").write_text("")
+
+    def worker() -> ReconcileScheduler:
+        return ReconcileScheduler(None, None, interval_s=60, database_url=db_url,
+                                  reports_dir=tmp_path, report_interval_s=3600)
+
+    assert asyncio.run(worker().report_once())
+    # and the report just written, not the one ahead, is the one this interval has
+    assert not asyncio.run(worker().report_once())
+    assert len(list(tmp_path.glob("discrepancies-*"))) == 2 * len(FORMATS)
+
+
 def test_a_finding_kept_with_a_code_past_32_bits_leaves_every_report_written(
         db_url: str, tmp_path: Path) -> None:
     """A release before such codes were refused at the source kept the provider's code as
