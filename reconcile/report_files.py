@@ -105,12 +105,27 @@ def stream_report(url: str, sinks: Mapping[str, TextIO], *, since: datetime | No
 def spooled(out: TextIO) -> Iterator[TextIO]:
     """A temporary file for the report, copied to ``out`` once it is whole: a reader of
     standard output that pauses (a pager) paused the writer, and after a minute the server
-    ended the report's snapshot, and the report with a traceback, half written."""
-    with tempfile.TemporaryFile("w+", encoding="utf-8", newline="") as spool:
+    ended the report's snapshot, and the report with a traceback, half written.
+
+    Copied as UTF-8 bytes where ``out`` has a byte buffer: a report is UTF-8 (the HTML says
+    so), and written as text to a standard output in another encoding (``LANG`` with
+    ISO-8859-1, ``PYTHONIOENCODING``) a reference such as ``M-€`` stopped the command with
+    a traceback, and one that did encode was not the UTF-8 the page declares."""
+    with tempfile.TemporaryFile("w+b") as raw_spool:
+        spool = io.TextIOWrapper(raw_spool, encoding="utf-8", newline="")
         yield spool
-        spool.seek(0)
-        shutil.copyfileobj(spool, out)
+        spool.flush()
+        raw = getattr(out, "buffer", None)
+        if raw is None:  # a text stream with no bytes under it: as text
+            spool.seek(0)
+            shutil.copyfileobj(spool, out)
+        else:
+            out.flush()
+            raw_spool.seek(0)
+            shutil.copyfileobj(raw_spool, raw)
+        spool.detach()  # the temporary file closes it
         out.flush()  # here, not at exit: a reader gone by then is an error Python prints
+        # (a text stream's flush flushes the buffer under it)
 
 
 def _rows(conn: psycopg.Connection[Any], name: str, sql: str,

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psycopg
 import pytest
 from click.testing import CliRunner
 
@@ -348,3 +349,31 @@ def test_a_resolution_someone_else_appended_first_is_not_reported_as_the_persons
     assert done.output.strip() == f"already resolved: {found}"
     assert rows(db_url, "SELECT count(*) FROM hookledger.ledger WHERE source = 'admin'") == [
         (0,)]
+
+
+def test_a_report_on_standard_output_is_utf8_whatever_its_encoding(
+        db_url: str, tmp_path: Path) -> None:
+    """References and details come from webhooks in any script: written as text to a
+    standard output in another encoding (``PYTHONIOENCODING``, an ISO-8859-1 ``LANG``),
+    ``M-€`` stopped the report with a UnicodeEncodeError, and the HTML page, which says it
+    is UTF-8, was not."""
+    from hookledger import migrate
+
+    migrate.upgrade(db_url)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("""
+            INSERT INTO hookledger_private.discrepancies
+              (id, kind, subject, service, reference, detail, amount_at_risk, status,
+               detected_at, resolved_at, facts, event_count, last_position)
+            VALUES ('d1', 'missing_webhook', 'collection', 'Collection', 'M-€',
+                    'mteja Zürich ✓', 5, 'open', now(), NULL, '{}', 1, 1)""")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKLEDGER_")}
+    env.update(HOOKLEDGER_DATABASE_URL=db_url, HOOKLEDGER_HOME=str(tmp_path / "home"),
+               PYTHONIOENCODING="latin-1")
+    for fmt in ("html", "md", "csv", "json"):
+        done = subprocess.run([sys.executable, "-m", "hookledger", "report", "--format", fmt],
+                              env=env, capture_output=True, timeout=60)
+        assert done.returncode == 0, done.stderr.decode(errors="replace")[-400:]
+        text = done.stdout.decode("utf-8")
+        assert "M-€" in text and "Zürich ✓" in text, fmt
+
