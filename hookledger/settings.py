@@ -101,6 +101,20 @@ def parse_error_causes(raw: str | dict[str, Any] | None) -> dict[str, int]:
     return causes
 
 
+def _header_value(value: SecretStr | None, refusal: str) -> SecretStr | None:
+    """A secret sent in an HTTP header, stripped (spaces and a line end around it are
+    layout); blank is none; ``refusal`` (never the value) when a character is outside
+    printable ASCII, which no header can carry."""
+    if value is None:
+        return None
+    text = value.get_secret_value().strip()
+    if not text:
+        return None
+    if not all(" " <= char <= "~" for char in text):
+        raise ValueError(refusal)
+    return SecretStr(text)
+
+
 class Settings(BaseSettings):
     """Every knob of hookledger; names match CONTRACT.md's environment variables."""
 
@@ -206,15 +220,8 @@ class Settings(BaseSettings):
         """Spaces around the token are layout (a presented token is stripped too); a
         character outside printable ASCII could never match, since an HTTP header holds
         none (every call to ``/api`` was 401 with nothing said). Never echoed."""
-        if value is None:
-            return None
-        token = value.get_secret_value().strip()
-        if not token:
-            return None
-        if not all(" " <= char <= "~" for char in token):
-            raise ValueError("the admin token must be printable ASCII (a bearer token); one "
-                             "character is not")
-        return SecretStr(token)
+        return _header_value(value, "the admin token must be printable ASCII (a bearer "
+                                    "token); one character is not")
 
     @field_validator("api_key")
     @classmethod
@@ -224,15 +231,8 @@ class Settings(BaseSettings):
         sent in the ``apiToken`` header. Either way every call to the provider failed, as a
         transport error that named nothing to fix (a non-ASCII key stopped serve at
         start with a UnicodeEncodeError). Never echoed."""
-        if value is None:
-            return None
-        key = value.get_secret_value().strip()
-        if not key:
-            return None
-        if not all(" " <= char <= "~" for char in key):
-            raise ValueError("the API key must be printable ASCII (it is sent in a header); "
-                             "one character is not")
-        return SecretStr(key)
+        return _header_value(value, "the API key must be printable ASCII (it is sent in a "
+                                    "header); one character is not")
 
     @field_validator("chat_error_causes", mode="before")
     @classmethod
