@@ -41,7 +41,7 @@ def load_settings(**overrides: Any) -> Settings:
         _fail("bad configuration:\n  " + "\n  ".join(
             f"{name}: no such setting" + (f" (did you mean {meant}?)" if meant else "")
             for name, meant in unknown))
-    blank = blank_over_file(os.environ, _file_keys())
+    blank = blank_over_file(os.environ, _file_settings())
     if blank:
         _fail("bad configuration:\n  " + "\n  ".join(
             f"{name}: set but blank, which would override hookledger.toml's "
@@ -69,13 +69,13 @@ def load_settings(**overrides: Any) -> Settings:
         _fail(f"bad configuration:\n  hookledger.toml: {exc}")
 
 
-def _file_keys() -> list[str]:
-    """The keys ``hookledger.toml`` sets; none when it is missing or unreadable (a file
-    that is not TOML is reported when the settings are read)."""
+def _file_settings() -> dict[str, Any]:
+    """What ``hookledger.toml`` sets, read leniently: nothing when it is missing or
+    unreadable (a file that is not TOML is reported when the settings are read)."""
     with contextlib.suppress(OSError, tomllib.TOMLDecodeError):
         with open("hookledger.toml", "rb") as handle:
-            return list(tomllib.load(handle))
-    return []
+            return tomllib.load(handle)
+    return {}
 
 
 def _source_of(key: str) -> str:
@@ -83,11 +83,8 @@ def _source_of(key: str) -> str:
     ``hookledger.toml`` when that holds the key; a message naming an unset variable sent
     people to look in the wrong place."""
     variable = f"HOOKLEDGER_{key.upper()}"
-    if variable not in os.environ:
-        with contextlib.suppress(OSError, tomllib.TOMLDecodeError):
-            with open("hookledger.toml", "rb") as handle:
-                if key in tomllib.load(handle):
-                    return f"hookledger.toml: {key}"
+    if variable not in os.environ and key in _file_settings():
+        return f"hookledger.toml: {key}"
     return variable
 
 
@@ -123,10 +120,8 @@ def _configured_url() -> str | None:
     """The database URL as configured, read without validating anything else."""
     url = os.environ.get("HOOKLEDGER_DATABASE_URL")
     if url is None:
-        with contextlib.suppress(OSError, tomllib.TOMLDecodeError):
-            with open("hookledger.toml", "rb") as handle:
-                value = tomllib.load(handle).get("database_url")
-            url = value if isinstance(value, str) else None
+        value = _file_settings().get("database_url")
+        url = value if isinstance(value, str) else None
     return url
 
 
