@@ -61,7 +61,7 @@ from typing import Any
 
 from ingest.codes import CODES, is_failure_code
 from ingest.errors import BodyError
-from ingest.json_body import number_text
+from ingest.json_body import number_text, whole_number
 from ingest.unstorable import lenient_object, raw_digest, storable_text
 
 SOURCE = "chat"
@@ -247,8 +247,7 @@ def _error_code(value: Any) -> str | None:
     a whole number written with a fraction (``131047.0``) as the whole number."""
     if value is None:
         return None
-    if isinstance(value, Decimal) and value == value.to_integral_value():
-        value = int(value)
+    value = whole_number(value)
     if isinstance(value, bool) or not isinstance(value, int | str):
         raise BodyError("invalid_field", "errors[0].code must be a number or a string")
     text = str(value).strip()

@@ -65,7 +65,7 @@ from zoneinfo import ZoneInfo
 
 from ingest.codes import CODES, GENERAL_EVENTS, code_contradicts_event, outcome
 from ingest.errors import BodyError
-from ingest.json_body import number_text
+from ingest.json_body import number_text, plain_zero, whole_number
 from ingest.unstorable import lenient_object, raw_digest, storable_text
 from ledger.instants import storable_instant
 from ledger.jsonenc import dump_bytes
@@ -154,11 +154,8 @@ def _number(body: dict[str, Any], key: str, *, required: bool = False,
         raise BodyError("invalid_field", f"{where}{key} must not be negative")
     if not amount:
         # the exponent of zero tells nothing: 0E-20 (a failure's amount, written with twenty
-        # decimals) read as out of range, and the failure as malformed. Past money's
-        # places it is kept as plain 0, so that no column is handed a thousand of them.
-        exponent = amount.as_tuple().exponent
-        fits = isinstance(exponent, int) and -MONEY_DIGITS <= exponent <= 0
-        return amount if fits else Decimal(0)
+        # decimals) read as out of range, and the failure as malformed
+        return plain_zero(amount, MONEY_DIGITS)
     if abs(amount.adjusted()) > MONEY_DIGITS:
         raise BodyError("invalid_field", f"{where}{key} is out of range for money")
     return amount
@@ -171,9 +168,7 @@ def _code(body: dict[str, Any]) -> int | None:
     value = body.get("code")
     if value is None:
         return None
-    if isinstance(value, Decimal) and value.is_finite() \
-            and value == value.to_integral_value() and value.adjusted() < 5:
-        value = int(value)
+    value = whole_number(value, 5)
     if isinstance(value, bool) or not isinstance(value, int):
         raise BodyError("invalid_field", "code must be an integer")
     if not 90000 <= value <= 99999:

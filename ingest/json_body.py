@@ -57,6 +57,25 @@ def number_text(value: int | Decimal) -> str:
     return format(Decimal(value).normalize(_EXACT), "f")
 
 
+def whole_number(value: Any, digits: int | None = None) -> Any:
+    """``value`` as an ``int`` when it is a number with a zero fraction (``91055.0``: JSON
+    has one number type, and JSON Schema reads it as the integer it spells) of fewer than
+    ``digits`` digits before the point; anything else as it is, for the caller to judge."""
+    if isinstance(value, Decimal) and value.is_finite() \
+            and value == value.to_integral_value() \
+            and (digits is None or value.adjusted() < digits):
+        return int(value)
+    return value
+
+
+def plain_zero(zero: Decimal, places: int) -> Decimal:
+    """A zero as spelled (``0.00``) within ``places`` decimal places, else plain ``0``: its
+    exponent says nothing, and ``0E-20000`` handed on as 20,000 places fails a ``numeric``
+    column, the projector's every batch with it."""
+    exponent = zero.as_tuple().exponent
+    return zero if isinstance(exponent, int) and -places <= exponent <= 0 else Decimal(0)
+
+
 def _integer(text: str) -> int:
     """An integer, refused as out of range past :data:`MAX_NUMBER_DIGITS` digits before
     ``int()`` sees it (Python's own limit is a ``ValueError`` that read as invalid JSON)."""

@@ -16,6 +16,7 @@ from ingest.codes import CODES, GENERAL_EVENTS, is_failure_code, outcome_of_even
 from ingest.codes import outcome as webhook_outcome
 from ingest.errors import BodyError
 from ingest.general_body import read_invoice_block
+from ingest.json_body import plain_zero, whole_number
 from ledger.jsonenc import jsonb_can_hold
 from reconcile.errors import MappingError
 
@@ -238,19 +239,14 @@ class RecordMapping:
                 raise MappingError("amount is not a number")
             exponent = amount.as_tuple().exponent
             assert isinstance(exponent, int)  # finite
-            if not amount:
-                # zero's exponent tells nothing (0E-20 was refused every pass); past the
-                # places a column takes it is plain 0: 0E-20000, stored as 20,000 places,
-                # failed the projector's every batch from then on
-                amount = amount if -MAX_AMOUNT_PLACES <= exponent <= 0 else Decimal(0)
+            if not amount:  # zero's exponent tells nothing (0E-20 was refused every pass)
+                amount = plain_zero(amount, MAX_AMOUNT_PLACES)
             elif amount.adjusted() > MAX_AMOUNT_EXPONENT or exponent < -MAX_AMOUNT_PLACES:
                 # past what a projection's numeric column takes: stored, it would fail the
                 # projector's every batch from then on
                 raise MappingError("amount is out of range for money")
         code_raw = dig(data, self.paths["code"])
-        if isinstance(code_raw, Decimal) and code_raw.is_finite() \
-                and code_raw == code_raw.to_integral_value() and code_raw.adjusted() < 10:
-            code_raw = int(code_raw)  # JSON has one number type: 91055.0 is 91055, as in webhooks
+        code_raw = whole_number(code_raw, 10)  # 91055.0 is 91055, as in webhooks
         if code_raw is not None and (isinstance(code_raw, bool)
                                      or not isinstance(code_raw, int)):
             raise MappingError("code is not an integer")
