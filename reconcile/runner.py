@@ -132,6 +132,11 @@ class PassConfig:
     idle_session_s: float = 60.0
     zone: ZoneInfo = field(default_factory=lambda: ZoneInfo("Africa/Dar_es_Salaam"))
 
+    def window_of(self, subject: str) -> timedelta:
+        """How long a subject may stay unsettled before it is flagged: the resolution window
+        for a collection, the payout window for a payout."""
+        return self.window if subject == "collection" else self.payout_window
+
 
 @dataclass
 class PassResult:
@@ -296,7 +301,7 @@ class Reconciler:
                               "error", result.pass_id))
                 continue
             next_at = None if verdict.settled else now + backoff
-            window = cfg.window if d.subject == "collection" else cfg.payout_window
+            window = cfg.window_of(d.subject)
             if next_at is not None and verdict.result != "error" and tries + 1 >= GIVE_UP_CHECKS \
                     and cfg.give_up_after is not None and age >= max(cfg.give_up_after, window):
                 next_at = None  # its open findings stay open, for a person
@@ -436,7 +441,7 @@ class Reconciler:
         """One subject's verdict, its events appended to ``events`` (and a recovery's index
         to ``recoveries``), its findings to ``result``."""
         cfg = self.config
-        window = cfg.window if d.subject == "collection" else cfg.payout_window
+        window = cfg.window_of(d.subject)
         verdict = decide(local, lookup, now=now, window=window)
         checked = checked_event(d.subject, lookup, verdict.result, result.pass_id, now)
         events.append(checked)
