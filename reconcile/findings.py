@@ -47,8 +47,15 @@ def provider_time(raw: str | None, zone: ZoneInfo) -> datetime | None:
     return moment if storable_instant(moment) else None
 
 
+def check_key(pass_id: str, nth: int = 1) -> str:
+    """What a check's events are keyed by: its pass and, from a subject's second check in
+    one pass on (its row changed while the pass looked it up), which check it is. Keyed by
+    the pass alone, a second check's events were dropped as copies of the first's."""
+    return pass_id if nth <= 1 else f"{pass_id}:{nth}"
+
+
 def checked_event(subject: str, lookup: Lookup, result: str, pass_id: str,
-                  now: datetime) -> NewEvent:
+                  now: datetime, *, nth: int = 1) -> NewEvent:
     payload = {
         "subject": subject, "reference": lookup.reference, "pass_id": pass_id,
         "result": result, "answer": lookup.kind, "error": lookup.error,
@@ -56,7 +63,8 @@ def checked_event(subject: str, lookup: Lookup, result: str, pass_id: str,
         "record": lookup.record.as_json() if lookup.record else None,
     }
     return _event(f"{subject}:{lookup.reference}", CHECKED,
-                  f"reconcile:checked:{subject}:{lookup.reference}:{pass_id}", payload, now)
+                  f"reconcile:checked:{subject}:{lookup.reference}:{check_key(pass_id, nth)}",
+                  payload, now)
 
 
 def recovered_event(subject: str, record: ProviderRecord, pass_id: str, now: datetime,
@@ -91,7 +99,7 @@ def recovered_event(subject: str, record: ProviderRecord, pass_id: str, now: dat
 
 
 def detected_event(subject: str, reference: str, found: Detection, pass_id: str,
-                   evidence: str, now: datetime) -> NewEvent:
+                   evidence: str, now: datetime, *, nth: int = 1) -> NewEvent:
     payload = {
         **found.facts, "kind": found.kind, "subject": subject, "reference": reference,
         "detail": found.detail, "amount_at_risk": found.amount_at_risk,
@@ -99,7 +107,8 @@ def detected_event(subject: str, reference: str, found: Detection, pass_id: str,
         "pass_id": pass_id,
     }
     return _event(f"discrepancy:{subject}:{reference}", DETECTED,
-                  f"discrepancy:{found.kind}:{subject}:{reference}:reconciler:{pass_id}",
+                  f"discrepancy:{found.kind}:{subject}:{reference}:reconciler:"
+                  f"{check_key(pass_id, nth)}",
                   payload, now)
 
 

@@ -6,7 +6,8 @@ reconcile`` at most one pass runs at a time per database: a second one returns a
 skipped. A session the server ends takes the lock and the pass with it. Work
 is taken in chunks; each chunk's results commit in one transaction together with the
 ``reconcile_subjects`` bookkeeping, so an interrupted pass resumes where it stopped and no
-subject is asked twice in one pass. ``max_subjects`` and ``rate_per_s`` pace a backlog.
+subject is asked twice in one pass unless its row changed while the pass asked about it.
+``max_subjects`` and ``rate_per_s`` pace a backlog.
 """
 
 from __future__ import annotations
@@ -96,6 +97,7 @@ class Span:
     detected: tuple[int, int]  # its findings' range in the pass result's lists
     resolved: tuple[int, int]
     result: str  # its verdict, as counted in the pass result
+    nth: int = 1  # which check of the subject in this pass
 
 
 GIVE_UP_CHECKS = 30  # a young subject's first day of checks: 1, 2 ... 32 minutes apart, hourly
@@ -150,6 +152,9 @@ class PassResult:
     errors: Counter[str] = field(default_factory=Counter)
     given_up: int = 0  # unsettled subjects past ``give_up_after``, no longer asked
     seconds: float = 0.0
+    # how often each (subject, reference) was asked in this pass: more than once when its
+    # row changed during the pass's look, and each check's events are keyed apart
+    asked: Counter[tuple[str, str]] = field(default_factory=Counter)
 
     def summary(self) -> list[str]:
         if self.skipped:
@@ -284,11 +289,14 @@ class Reconciler:
         for d, lookup in zip(due, lookups, strict=True):
             key = (d.subject, d.reference)
             tries = previous.get(key, 0)
+            result.asked[key] += 1
+            nth = result.asked[key]
             age = now - since if (since := views[key].since) is not None else timedelta(0)
             backoff = min(retry_cap(cfg, age), cfg.retry_base * (2 ** min(tries, 16)))
             sizes = (len(events), len(recoveries), len(result.detected), len(result.resolved))
             try:
-                verdict = self._judge(d, lookup, views[key], events, recoveries, result, now)
+                verdict = self._judge(d, lookup, views[key], events, recoveries, result, now,
+                                      nth=nth)
             except Exception:  # one subject's bug must not stop the others
                 # its findings so far are dropped whole; it is asked again after a backoff
                 del events[sizes[0]:], recoveries[sizes[1]:]
@@ -312,7 +320,7 @@ class Reconciler:
                           verdict.result, result.pass_id))
             spans.append(Span(d.subject, d.reference, sizes[0], len(events), backoff,
                               (sizes[2], len(result.detected)),
-                              (sizes[3], len(result.resolved)), verdict.result))
+                              (sizes[3], len(result.resolved)), verdict.result, nth))
         repaired: list[tuple[str, str]] = []
         async with conn.transaction():
             appended = await self._append(conn, events, spans, marks, result, now)
@@ -423,7 +431,7 @@ class Reconciler:
             # outside a savepoint: should even this be refused, the refusal is not this
             # answer's, and the pass fails as any pass the database fails
             await append_in(conn, [checked_event(span.subject, refused, "error",
-                                                 result.pass_id, now)])
+                                                 result.pass_id, now, nth=span.nth)])
             result.results[span.result] -= 1  # recorded as an error, not as judged
             result.results += Counter({"error": 1})  # (and a count of 0 leaves the summary)
             key = (span.subject, span.reference)
@@ -437,13 +445,14 @@ class Reconciler:
 
     def _judge(self, d: store.Due, lookup: Lookup, local: Local, events: list[NewEvent],
                recoveries: list[tuple[int, str, str]], result: PassResult,
-               now: datetime) -> Verdict:
+               now: datetime, *, nth: int = 1) -> Verdict:
         """One subject's verdict, its events appended to ``events`` (and a recovery's index
         to ``recoveries``), its findings to ``result``."""
         cfg = self.config
         window = cfg.window_of(d.subject)
         verdict = decide(local, lookup, now=now, window=window)
-        checked = checked_event(d.subject, lookup, verdict.result, result.pass_id, now)
+        checked = checked_event(d.subject, lookup, verdict.result, result.pass_id, now,
+                                nth=nth)
         events.append(checked)
         if verdict.recover is not None:
             recoveries.append((len(events), d.subject, d.reference))
@@ -451,7 +460,7 @@ class Reconciler:
                                           cfg.zone, reference=d.reference))
         for found in verdict.detect:
             events.append(detected_event(d.subject, d.reference, found, result.pass_id,
-                                         checked.dedupe_key, now))
+                                         checked.dedupe_key, now, nth=nth))
             result.detected.append({"kind": found.kind, "subject": d.subject,
                                     "reference": d.reference, "detail": found.detail,
                                     "amount_at_risk": found.amount_at_risk})

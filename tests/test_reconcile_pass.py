@@ -1061,6 +1061,29 @@ def test_a_webhook_arriving_during_a_lookup_that_recovers_is_still_checked(
     assert ("amount_mismatch", "payout", "PO-W", Decimal(100)) in discrepancies(db_url)
 
 
+def test_a_subject_asked_again_in_the_same_pass_keeps_what_its_second_check_found(
+        db_url: str) -> None:
+    """A webhook calling paid a payment the provider has no record of arrives while the
+    pass looks it up: the row changed, so a later chunk of the same pass asks again and
+    supersedes the first finding with one warning not to fulfil it. Both checks' events
+    were keyed by the pass alone, so the second's were taken for copies of the first's:
+    the supersession was kept and its finding dropped, and no finding stayed open while
+    the payments view said success (the pass's summary still printed the warning)."""
+    expect(db_url, "N-W", "collection", 1500)
+    webhook = kept_event("payment.confirmed", 91000, reference="N-W", amount=1500,
+                         timestamp=ts_ago(minutes=5))
+    state = WebhookDuringLookup(db_url, "N-W", webhook)
+    with running_sandbox(state=state) as api:
+        result = reconcile(db_url, api.url)
+    assert state.sent and state.asked["N-W"] == 2
+    told = [d["detail"] for d in result.detected]
+    assert rows(db_url, "SELECT detail FROM hookledger.discrepancies WHERE status = 'open'"
+                ) == [(told[-1],)]
+    assert "do not fulfil" in told[-1]
+    assert rows(db_url, "SELECT count(*) FROM hookledger.ledger "
+                        "WHERE event_type = 'reconcile.checked'") == [(2,)]
+
+
 def test_only_a_webhook_the_row_folds_counts_as_arrived_during_a_lookup(db_url: str) -> None:
     """A malformed copy on the stream is no change a check could see in the row: counted,
     every such recovery cost a lookup more."""
