@@ -237,6 +237,10 @@ class RecordMapping:
                 raise MappingError("amount is not a number") from exc
             if not amount.is_finite():
                 raise MappingError("amount is not a number")
+            if amount < 0:
+                # no money is paid negative: refused as a webhook's is (and as this
+                # record's own invoice block's), not recovered as a refund of -1000 TZS
+                raise MappingError("amount is negative")
             exponent = amount.as_tuple().exponent
             assert isinstance(exponent, int)  # finite
             if not amount:  # zero's exponent tells nothing (0E-20 was refused every pass)

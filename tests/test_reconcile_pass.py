@@ -706,6 +706,26 @@ def test_a_record_the_ledger_cannot_keep_is_an_error_and_the_pass_goes_on(
     assert detail.startswith("MappingError: ")
 
 
+def test_a_record_with_a_negative_amount_is_an_error_never_negative_money(
+        db_url: str) -> None:
+    """A webhook with a negative amount is malformed, and so is a record's invoice block
+    with one; the record's own amount was taken as it stood, and a refund written -1000
+    was recovered over the confirmed payment: ``payments`` said refunded at -1000 TZS, and
+    its missing_webhook put -1000 at risk, taking that much off a report's total."""
+    state = CountingState()
+    state.record_general(body("payment.refunded", 91010, reference="NEG-1", amount=-1000,
+                              status="REFUNDED"))
+    deliver(db_url, "payment.confirmed", 91000, reference="NEG-1", amount=1000,
+            timestamp=ts_ago(hours=1))
+    with running_sandbox(state=state) as api:
+        result = reconcile(db_url, api.url)
+    assert state.asked["NEG-1"] == 1
+    assert (result.recovered, result.errors) == ([], {"mapping": 1})
+    assert rows(db_url, "SELECT outcome, amount FROM hookledger.payments") == [
+        ("success", Decimal(1000))]
+    assert discrepancies(db_url) == []
+
+
 def test_an_answer_the_database_still_refuses_fails_its_subject_not_the_pass(
         db_url: str) -> None:
     """Should the database refuse a chunk's events for a reason no check here foresaw, the
