@@ -92,7 +92,7 @@ def retry_after_seconds(value: str | None, now: float | None = None) -> float | 
     if not value:
         return None
     text = value.strip()
-    if text.isdigit():
+    if text.isascii() and text.isdigit():  # "²" is a digit to isdigit, not to float
         return min(float(text), MAX_RETRY_AFTER_S)
     try:
         when = parsedate_to_datetime(text)
@@ -102,9 +102,15 @@ def retry_after_seconds(value: str | None, now: float | None = None) -> float | 
     return min(max(delta, 0.0), MAX_RETRY_AFTER_S)
 
 
+MAX_DOUBLINGS = 62  # far past any cap; 2**1024 times a float overflowed
+
+
 def backoff_delay(attempt: int, *, base_s: float, cap_s: float, rng: random.Random) -> float:
-    """Full jitter: uniform in [0, min(cap, base * 2**(attempt-1))]."""
-    return rng.uniform(0.0, min(cap_s, base_s * (2 ** (attempt - 1))))
+    """Full jitter: uniform in [0, min(cap, base * 2**(attempt-1))]. The doubling stops at
+    :data:`MAX_DOUBLINGS`: ``HOOKLEDGER_API_MAX_ATTEMPTS`` has no upper bound, and past about
+    a thousand attempts the float product raised ``OverflowError`` inside a pass."""
+    doublings = min(MAX_DOUBLINGS, max(0, attempt - 1))
+    return rng.uniform(0.0, min(cap_s, base_s * (2 ** doublings)))
 
 
 RESUME_SPREAD_S = 0.25  # after a 429's pause, lookups resume spread over this long

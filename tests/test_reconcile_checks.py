@@ -303,6 +303,12 @@ def test_retry_after_is_read_as_seconds_or_a_date_and_capped() -> None:
     assert retry_after_seconds("99999") == 30.0
     assert retry_after_seconds("Sun, 22 Nov 2026 12:00:05 GMT", now=NOW.timestamp()) == 5.0
     assert retry_after_seconds("soon") is None
+    assert retry_after_seconds("\u00b2") is None  # a digit to str.isdigit, not to float
+
+
+def test_backoff_never_overflows_however_many_attempts_are_allowed() -> None:
+    """HOOKLEDGER_API_MAX_ATTEMPTS has no upper bound: attempt 1,100 raised OverflowError."""
+    assert 0 <= backoff_delay(1_100, base_s=0.5, cap_s=8.0, rng=random.Random(1)) <= 8.0
 
 
 def kinded(event: str | None = None, code: int | None = None, service: str | None = None,
