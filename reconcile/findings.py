@@ -38,7 +38,7 @@ def _event(stream: str, event_type: str, key: str, payload: dict[str, Any], now:
 
 def provider_time(raw: str | None, zone: ZoneInfo) -> datetime | None:
     """The record's ``yyyymmddHHMMss`` in the provider's zone, or None."""
-    if not raw or len(raw) != 14 or not raw.isdigit():
+    if not raw or len(raw) != 14 or not (raw.isascii() and raw.isdigit()):
         return None
     try:
         moment = datetime.strptime(raw, "%Y%m%d%H%M%S").replace(tzinfo=zone)

@@ -52,6 +52,11 @@ def test_a_provider_record_time_outside_the_range_is_no_time() -> None:
     assert provider_time("20261122083000", EAT) == datetime(2026, 11, 22, 5, 30, tzinfo=UTC)
 
 
+def test_a_provider_record_time_in_other_scripts_digits_is_no_time() -> None:
+    """As a webhook's is malformed: strptime reads Arabic-Indic digits as a time."""
+    assert provider_time("\u0662\u0660\u0662\u0666" + "1122083000", EAT) is None
+
+
 @pytest.mark.parametrize("raw", ["0001-01-01T00:00:00+14:00", "9999-12-31T23:00:00-05:00",
                                  "1066-10-14T09:00:00+00:00"])
 def test_an_expectation_initiated_outside_the_range_is_refused_by_name(raw: str) -> None:
