@@ -273,13 +273,14 @@ def fold_payment(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrep
     new, found = _fold_money(row, event, kind="collection",
                              rank=_rank(PAYMENT_RANK_BY_OUTCOME, event), descriptive=descriptive)
     # a refund the invoice fold cannot key (no block, or one without its number, or a
-    # recovered one without the provider's time): the invoice was never told. A recovered
+    # recovered one without the provider's time), or whose block gives no amount: the
+    # invoice was never told. A recovered
     # refund kept before recoveries carried the record's block (no ``invoice`` in its
     # facts) folds as it did, without. The finding stays open for a person even when a
     # later copy of the refund (its late webhook) carries the block: which refund told the
     # invoice of what cannot be read from flags that outlive the refund they were about
     # (a first part refund with its block, a second without, read as told)
-    if (facts.get("outcome") == "refunded" and _payment_block(event) is None
+    if (facts.get("outcome") == "refunded" and not _refund_tells_invoice(event)
             and (event.event_type != RECOVERED_EVENT or "invoice" in facts)):
         new["evidence"] = {**new["evidence"], BLOCKLESS_REFUND: True}
     unlinked = _refund_unlinked(new)
@@ -290,6 +291,16 @@ def fold_payment(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrep
 
 # where ``evidence`` notes that a refund said nothing of an invoice
 BLOCKLESS_REFUND = "blockless_refund"
+
+
+def _refund_tells_invoice(event: StoredEvent) -> bool:
+    """Whether a refund tells its invoice of the money that went back: a block the invoice
+    fold keys (:func:`_payment_block`) that gives the amount paid or due after it. A block
+    that only names the invoice (``{"invoiceNo": ...}``) left it paid and settled with no
+    finding, where a refund with no block at all was flagged."""
+    block = _payment_block(event)
+    return block is not None and (block.get("amount_paid") is not None
+                                  or block.get("amount_due") is not None)
 
 
 def _refund_unlinked(row: Row) -> Discrepancy | None:

@@ -722,6 +722,38 @@ def test_a_refund_without_a_block_of_a_payment_against_an_invoice_is_flagged_onc
     assert [d.kind for d in fold_all("payments", _in_order(part, numberless))[1]] == [
         "refunded_invoice_payment"]
 
+
+def test_a_refund_whose_block_names_the_invoice_but_no_amounts_is_flagged() -> None:
+    """A block that only names the invoice (``{"invoiceNo": ...}``) tells it nothing of the
+    money that went back: the invoice still shows it received, paid and settled, exactly
+    as after a refund with no block, and is flagged alike, in every arrival order, whether
+    the webhook or the provider's record (its webhook lost) told of the refund."""
+    paid = invoice_event("invoice.paid", 93002, 900, 0, "20261122081000")
+    part = ev("payment.confirmed", 91000, reference="PAY-1", amount=900,
+              timestamp="20261122081000",
+              invoice={**INVOICE, "amountPaid": 900, "amountDue": 0})
+    named_only = {"invoiceNo": "INV-1", "currency": "TZS"}
+    webhook = ev("payment.refunded", 91010, reference="PAY-1", amount=900,
+                 status="REVERSED", timestamp="20261122100000", invoice=named_only)
+    record = recovered("collection", "PAY-1", "payment.refunded", 91010, 900, "REVERSED",
+                       timestamp="20261122100000", invoice=named_only)
+    for refund in (webhook, record):
+        invoice = fold_all("invoices", _in_order(part, paid, refund))[0]["INV-1"]
+        assert (invoice["status"], invoice["settled"]) == ("paid", True)  # never told
+        for order in permutations([part, refund]):
+            found = fold_all("payments", _in_order(*order))[1]
+            assert [(d.kind, d.reference, d.evidence, d.amount_at_risk) for d in found] == [
+                ("refunded_invoice_payment", "INV-1", ("payment:PAY-1",), Decimal("900"))]
+    # a block giving the amount paid or due after the refund does tell the invoice
+    for amounts in ({"amountPaid": 0}, {"amountDue": 900}):
+        told = ev("payment.refunded", 91010, reference="PAY-1", amount=900,
+                  status="REVERSED", timestamp="20261122100000",
+                  invoice={**named_only, **amounts})
+        assert fold_all("payments", _in_order(part, told))[1] == []
+        assert fold_all("invoices", _in_order(part, paid, told))[0]["INV-1"]["settled"] \
+            is False
+
+
 def test_a_refund_recovered_without_a_block_is_flagged_like_its_webhook() -> None:
     """The provider's record of the refund says nothing of the invoice: the invoice still
     counts the money, as after a blockless refund webhook, and is flagged alike (the
