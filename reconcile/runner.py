@@ -103,6 +103,11 @@ class Span:
 GIVE_UP_CHECKS = 30  # a young subject's first day of checks: 1, 2 ... 32 minutes apart, hourly
 
 
+# a subject is asked up to this fraction of the retry base before its backoff ends, so that
+# the pass an interval on, starting a little sooner than the last one picked, includes it
+RETRY_EARLY = 0.1
+
+
 @dataclass(frozen=True)
 class PassConfig:
     window: timedelta = timedelta(seconds=90)
@@ -256,7 +261,7 @@ class Reconciler:
             due = await store.due_subjects(
                 conn, now=moment, window=cfg.window, recheck_age=cfg.recheck_age,
                 recheck_limit=max(cfg.recheck_limit - rechecked, 0),
-                later_recheck=cfg.refund_recheck,
+                later_recheck=cfg.refund_recheck, early=cfg.retry_base * RETRY_EARLY,
                 limit=min(cfg.chunk_size, cfg.max_subjects - done))
             if not due:
                 break

@@ -78,7 +78,7 @@ WITH candidates AS (
     LEFT JOIN hookledger_private.payments p
            ON c.subject = 'collection' AND p.reference = c.reference
     LEFT JOIN hookledger_private.payouts o ON c.subject = 'payout' AND o.reference = c.reference
-    WHERE s.subject IS NULL OR s.next_check_at <= %(now)s
+    WHERE s.subject IS NULL OR s.next_check_at <= %(retry_by)s
        OR coalesce(p.last_position, o.last_position, 0) > s.checked_position
        OR c.detected_at > s.last_checked_at
     ORDER BY c.subject, c.reference, c.priority
@@ -139,14 +139,20 @@ class Due:
 
 async def due_subjects(conn: Connection, *, now: datetime, window: timedelta,
                        recheck_age: timedelta, recheck_limit: int, limit: int,
-                       later_recheck: timedelta = timedelta(0)) -> list[Due]:
+                       later_recheck: timedelta = timedelta(0),
+                       early: timedelta = timedelta(0)) -> list[Due]:
     """What to ask about now, at most ``limit``, of which at most ``recheck_limit`` only
     for the rolling re-check. A final payment younger than ``recheck_age`` whose outcome
     has a later state (:data:`~reconcile.checks.SUCCESSORS`) is re-checked every
-    ``later_recheck`` after a check agreed with it (``0``: never)."""
+    ``later_recheck`` after a check agreed with it (``0``: never). A backoff ending within
+    ``early`` of ``now`` counts as ended: it is a multiple of the pass interval counted from
+    the moment the last pass picked its subjects, and the next pass, picking a few
+    milliseconds sooner after its own start, missed it and left the subject a whole
+    interval longer."""
     later_before = now - later_recheck if later_recheck > timedelta(0) else None
     cur = await conn.execute(DUE_SQL, {
-        "now": now, "overdue": now - window, "recent_since": now - recheck_age,
+        "now": now, "retry_by": now + early, "overdue": now - window,
+        "recent_since": now - recheck_age,
         "recheck_limit": recheck_limit, "recheck_priority": RECHECK_PRIORITY, "limit": limit,
         "recheck_kinds": RECHECK_KINDS,
         "found_elsewhere": FOUND_ELSEWHERE, "later_before": later_before,

@@ -610,6 +610,24 @@ def test_a_recheck_the_api_failed_is_asked_again_once_it_answers(db_url: str) ->
                         "hookledger_private.reconcile_subjects") == [("agrees", None)]
 
 
+def test_a_backoff_ending_just_after_the_next_pass_starts_is_ended_for_that_pass(
+        db_url: str) -> None:
+    """A backoff is a multiple of the interval from the moment a pass picked its subjects;
+    the pass an interval later picked a few milliseconds sooner after its own start, missed
+    the subject by that much, and left a lost webhook a whole interval longer unrecovered."""
+    state = CountingState()
+    state.record_general(body("payment.confirmed", 91000, reference="E-2", amount=70000))
+    deliver(db_url, "payment.confirmed", 91000, reference="E-2", amount=70000)
+    start = datetime.now(UTC)
+    with running_sandbox(state=state, faults=FaultSettings(error_rate=1.0)) as api:
+        assert reconcile(db_url, api.url, max_attempts=1, now=start).errors
+        api.faults.configure(FaultSettings())
+        halfway = reconcile(db_url, api.url, now=start + timedelta(seconds=30))
+        again = reconcile(db_url, api.url,
+                          now=start + timedelta(seconds=60) - timedelta(milliseconds=30))
+    assert (halfway.checked, again.checked, again.errors) == (0, 1, {})
+
+
 def test_a_webhook_success_the_provider_still_calls_pending_stays_a_mismatch(
         db_url: str) -> None:
     """Final by webhook, pending at the provider past the window: once reported as
