@@ -14,7 +14,13 @@ from hypothesis import strategies as st
 
 from ingest.chat_body import DeliveryMeta, read_chat
 from ledger import StoredEvent
-from projections.chat_folds import fold_message, fold_thread, message_keys, thread_keys
+from projections.chat_folds import (
+    STATUS_RANK,
+    fold_message,
+    fold_thread,
+    message_keys,
+    thread_keys,
+)
 from projections.registry import Row
 
 _positions = count(1)
@@ -256,3 +262,46 @@ def test_messages_and_threads_depend_on_the_deliveries_not_their_order(
     shuffled = list(events)
     rng.shuffle(shuffled)
     assert folded_views(shuffled) == folded_views(events)
+
+
+@settings(max_examples=300)
+@given(chat_history(), st.randoms(use_true_random=False))
+def test_after_every_delivery_a_status_never_went_back_and_a_window_never_shrank(
+        events: list[StoredEvent], rng: Any) -> None:
+    """Checked after each delivery in any order, not only at the end: a message's status is
+    the highest of those it has had (``failed`` for good, with a failure's cause), each
+    status keeps the first time it was given, and a thread's window runs 24 h from its
+    latest inbound message (its own time, or its arrival when that is earlier or it has
+    none), never closing earlier than it did before."""
+    arrived = list(events)
+    rng.shuffle(arrived)
+    messages: dict[str, Row] = {}
+    threads: dict[str, Row] = {}
+    seen: list[StoredEvent] = []
+    for event in arrived:
+        seen.append(event)
+        for key in message_keys(event):
+            before = messages.get(key)
+            row = messages[key] = fold_message(before, event)[0]
+            mine = [e for e in seen if message_keys(e) == [key]]
+            assert STATUS_RANK[row["status"]] == max(STATUS_RANK[e.facts["status"]]
+                                                     for e in mine)
+            if before is not None:
+                assert STATUS_RANK[row["status"]] >= STATUS_RANK[before["status"]]
+            if row["status"] == "failed":
+                assert (row["code"], row["error_code"], row["error_title"]) in {
+                    (e.facts["code"], e.facts["error_code"], e.facts["error_title"])
+                    for e in mine if e.facts["status"] == "failed"}
+            for value in STATUS_RANK:
+                times = [e.occurred_at for e in mine
+                         if e.facts["status"] == value and e.occurred_at is not None]
+                assert row[f"{value}_at"] == (min(times) if times else None)
+        for key in thread_keys(event):
+            before = threads.get(key)
+            row = threads[key] = fold_thread(before, event)[0]
+            latest = max(min(e.occurred_at or e.received_at, e.received_at)
+                         for e in seen if thread_keys(e) == [key])
+            assert (row["last_inbound_at"], row["window_expires_at"]) == (
+                latest, latest + timedelta(hours=24))
+            if before is not None:
+                assert row["window_expires_at"] >= before["window_expires_at"]
