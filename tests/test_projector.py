@@ -16,6 +16,8 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
@@ -34,6 +36,7 @@ from projections.projector import (
 )
 from projections.rebuild import rebuild, verify
 from projections.registry import PROJECTIONS, Projection
+from tests.dbutil import create_database, drop_database, unique_name
 from tests.general_events import encode, general_body
 from tests.live import running_service
 from tests.projection_events import new_event, restamped
@@ -259,6 +262,54 @@ def test_chat_views_folded_live_in_small_batches_equal_a_rebuild(db_url: str) ->
     assert asyncio.run(verify(db_url)).identical
     asyncio.run(rebuild(db_url, batch_size=29))
     assert snapshot(db_url) == live
+
+
+def chat_views(url: str) -> dict[str, list[dict[str, Any]]]:
+    """The chat views as a user reads them, but for the ledger position, which is the
+    arrival order's by nature."""
+    with psycopg.connect(url, row_factory=dict_row) as conn:
+        threads = conn.execute("SELECT * FROM hookledger.chat_threads "
+                               "ORDER BY phone_number_id, contact_wa_id").fetchall()
+        messages = conn.execute("SELECT * FROM hookledger.chat_messages "
+                                "ORDER BY message_id").fetchall()
+    for row in messages:
+        del row["last_position"]
+    return {"chat_threads": threads, "chat_messages": messages}
+
+
+async def arrive_and_fold(url: str, events: list[NewEvent], rng: random.Random) -> None:
+    """Append ``events`` in that order a few at a time, folding live after each few."""
+    async with AsyncConnectionPool(url, kwargs={"autocommit": True}) as pool, \
+            await connect(url) as conn:
+        store = LedgerStore(pool)
+        start = 0
+        while start < len(events):
+            step = rng.randint(1, 9)
+            await store.append(events[start:start + step])
+            while await project_batch(conn, batch_size=37):
+                pass
+            start += step
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), rng=st.randoms(use_true_random=False))
+def test_chat_views_folded_live_do_not_depend_on_the_order_deliveries_arrived_in(
+        pg_admin_url: str, template_database: str, seed: int, rng: random.Random) -> None:
+    """The same chat deliveries arriving in two orders, each folded live batch by batch
+    (rows read back from the database between batches), show the same threads and
+    messages: what one fold of the whole ledger gives is the same whatever the order."""
+    events = chat_deliveries(random.Random(seed), n_messages=24)
+    seen = []
+    for order in (events, rng.sample(events, len(events))):
+        name = unique_name("hookledger_test")
+        url = create_database(pg_admin_url, name, template=template_database)
+        try:
+            asyncio.run(arrive_and_fold(url, order, rng))
+            seen.append(chat_views(url))
+        finally:
+            drop_database(pg_admin_url, name)
+    assert seen[0]["chat_threads"] and seen[0]["chat_messages"]
+    assert seen[0] == seen[1]
 
 
 def test_a_new_subjects_row_is_copied_in_a_known_one_updated_and_neither_ever_doubled(
