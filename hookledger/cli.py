@@ -67,12 +67,19 @@ def load_settings(**overrides: Any) -> Settings:
         _fail(f"bad configuration:\n  HOOKLEDGER_{field.upper()}: not valid JSON")
     except tomllib.TOMLDecodeError as exc:
         _fail(f"bad configuration:\n  hookledger.toml: {exc}")
+    except UnicodeDecodeError:
+        # TOML is UTF-8; a file saved in another encoding (Latin-1, say) stopped every
+        # command with a traceback naming no file. Not the error's text: it quotes a byte
+        # of the file, which may be a secret's
+        _fail("bad configuration:\n  hookledger.toml: not UTF-8 text (TOML files are "
+              "UTF-8; save it as such)")
 
 
 def _file_settings() -> dict[str, Any]:
     """What ``hookledger.toml`` sets, read leniently: nothing when it is missing or
-    unreadable (a file that is not TOML is reported when the settings are read)."""
-    with contextlib.suppress(OSError, tomllib.TOMLDecodeError):
+    unreadable (a file that is not TOML, or not UTF-8, is reported when the settings are
+    read)."""
+    with contextlib.suppress(OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
         with open("hookledger.toml", "rb") as handle:
             return tomllib.load(handle)
     return {}

@@ -202,11 +202,14 @@ def test_a_mistyped_record_field_stops_a_command_with_the_variables_name(
 
 @pytest.mark.parametrize(("variable", "toml", "named"), [
     ("notjson", None, "HOOKLEDGER_RECONCILE_RECORD_PATHS"),
-    (None, "port = \n", "hookledger.toml"),
+    (None, b"port = \n", "hookledger.toml"),
+    # TOML is UTF-8: a file saved as Latin-1 (a comment's umlaut) stopped every command
+    # with a UnicodeDecodeError traceback that named no file
+    (None, b"# Z\xfcrich office\nport = 9000\n", "hookledger.toml: not UTF-8 text"),
 ])
 def test_an_unreadable_mapping_or_toml_file_stops_a_command_without_a_traceback(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, variable: str | None,
-        toml: str | None, named: str) -> None:
+        toml: bytes | None, named: str) -> None:
     """A mapping that is not JSON, or a toml file that is not TOML, once raised out of the
     settings source (not a ValidationError) and stopped every command with a traceback."""
     from click.testing import CliRunner
@@ -216,11 +219,12 @@ def test_an_unreadable_mapping_or_toml_file_stops_a_command_without_a_traceback(
     if variable is not None:
         monkeypatch.setenv("HOOKLEDGER_RECONCILE_RECORD_PATHS", variable)
     if toml is not None:
-        (tmp_path / "hookledger.toml").write_text(toml)
+        (tmp_path / "hookledger.toml").write_bytes(toml)
     result = CliRunner().invoke(main, ["db", "url"])
     assert result.exit_code == 2, result.output
     assert isinstance(result.exception, SystemExit)
     assert named in result.output and "Traceback" not in result.output
+    assert "0xfc" not in result.output  # a byte of the file, which may be a secret's
 
 
 @pytest.mark.parametrize("blank", ["", " "])
