@@ -19,6 +19,7 @@ import psycopg
 from hookledger import migrate
 from hookledger.database import database
 from hookledger.settings import Settings
+from ledger.jsonenc import jsonb_can_hold
 from reconcile.errors import ReconcileError
 from reconcile.report_files import atomic_text, spooled, stream_report
 from reconcile.report_render import FORMATS
@@ -174,10 +175,17 @@ def resolve_command(discrepancy_id: str, reason: str) -> None:
     settings = _root()
     if not reason.strip():
         raise click.BadParameter("say what was checked", param_hint="--reason")
+    if not jsonb_can_hold(reason):
+        # bytes a terminal sent in another encoding than the locale's reach Python as lone
+        # surrogates: the resolution's event could not be encoded (a traceback, exit 1)
+        raise click.BadParameter("not UTF-8 text (is the terminal's encoding the locale's?)",
+                                 param_hint="--reason")
     with database(settings) as url:
         migrate.upgrade(url)
 
         async def go() -> str:
+            if not jsonb_can_hold(discrepancy_id):  # no id holds such text; unsendable
+                return "unknown"
             conn = await connect(url)
             try:
                 await catch_up(conn)  # the view is current

@@ -194,6 +194,32 @@ def test_a_person_resolves_a_malformed_delivery_once(
                         "WHERE event_type = 'discrepancy.resolved'") == [("admin",)]
 
 
+def test_a_reason_or_id_that_is_not_utf8_is_a_message_not_a_traceback(
+        db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Typed in a terminal whose encoding is not the locale's (Latin-1 under a UTF-8 or C
+    locale), an argument's bytes reach Python as lone surrogates: the resolution's event
+    could not be encoded, and an id not be sent, each a UnicodeEncodeError traceback and
+    exit 1, where ``expect`` refuses such a reference in a line."""
+    from tests.reconcile_helpers import deliver, rows
+
+    deliver(db_url, "invoice.updated", 91000, reference="INV-U", amount="3000")
+    [(found,)] = rows(db_url, "SELECT id FROM hookledger.discrepancies "
+                              "WHERE kind = 'malformed_delivery'")
+    monkeypatch.setenv("HOOKLEDGER_DATABASE_URL", db_url)
+    monkeypatch.setenv("HOOKLEDGER_HOME", str(tmp_path))
+    runner = CliRunner()
+    latin1 = b"checked in Z\xfcrich".decode("utf-8", "surrogateescape")  # as argv gives it
+    refused = runner.invoke(main, ["resolve", found, "--reason", latin1])
+    assert refused.exit_code == 2 and isinstance(refused.exception, SystemExit), (
+        refused.output)
+    assert "--reason" in refused.output and "UTF-8" in refused.output
+    unknown = runner.invoke(main, ["resolve", found + "\udcff", "--reason", "x"])
+    assert unknown.exit_code == 2 and isinstance(unknown.exception, SystemExit), (
+        unknown.output)
+    assert "no discrepancy" in unknown.output
+    assert rows(db_url, "SELECT status FROM hookledger.discrepancies") == [("open",)]
+
+
 def test_a_report_that_cannot_be_written_is_a_message_not_a_traceback(
         db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOOKLEDGER_DATABASE_URL", db_url)
