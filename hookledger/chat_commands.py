@@ -168,6 +168,18 @@ def _secret_from_file(from_file: Path, field: str | None) -> str:
     return value.strip()
 
 
+def _typed_secret() -> str:
+    """The secret pasted at the prompt. Bytes a terminal sent in another encoding than the
+    locale's are refused by what they are, never quoted: they are the secret's (they
+    reached its label as lone surrogates, or were not decoded: a traceback naming one)."""
+    try:
+        secret = click.prompt("secret", hide_input=True).strip()
+        secret.encode("utf-8")
+    except (UnicodeDecodeError, UnicodeEncodeError):
+        _fail("the secret given is not UTF-8 text; nothing changed")
+    return secret
+
+
 @click.group()
 def chat() -> None:
     """Chat numbers through the provider's API: secrets and webhook URLs."""
@@ -246,10 +258,7 @@ def store_secret(phone_number_id: str, from_file: Path | None, field: str | None
     settings = _settings()
     if field is not None and from_file is None:
         _fail("--field reads a kept rotate answer: give its file with --from-file", EXIT_USAGE)
-    if from_file is not None:
-        secret = _secret_from_file(from_file, field)
-    else:
-        secret = click.prompt("secret", hide_input=True).strip()
+    secret = _secret_from_file(from_file, field) if from_file is not None else _typed_secret()
 
     async def run(url: str) -> Rotated:
         pool = await _open_pool(url)

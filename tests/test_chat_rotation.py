@@ -315,6 +315,29 @@ def test_store_secret_from_a_file_that_is_not_text_is_a_message_not_a_traceback(
     assert "secret-bytes" not in result.output and "0xff" not in result.output
 
 
+@pytest.mark.parametrize("stdin_errors", ["surrogateescape", "strict"])
+def test_store_secret_typed_in_another_encoding_is_a_message_not_a_traceback(
+        db_url: str, tmp_path: Path, stdin_errors: str) -> None:
+    """A secret pasted from a terminal in another encoding than the locale's reached Python
+    as lone surrogates (a UnicodeEncodeError traceback from its label) or was not decoded
+    at all (a UnicodeDecodeError traceback): each named a byte of the secret."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKLEDGER_")}
+    env.update(HOOKLEDGER_DATABASE_URL=db_url, HOOKLEDGER_HOME=str(tmp_path),
+               PYTHONIOENCODING=f"utf-8:{stdin_errors}")
+    done = subprocess.run([sys.executable, "-m", "hookledger", "chat", "store-secret", PHONE],
+                          input=b"secret-\xffbytes\n", env=env, capture_output=True,
+                          timeout=60)
+    errors = done.stderr.decode(errors="replace")
+    assert done.returncode == 1, errors
+    assert "Traceback" not in errors, errors
+    assert "not UTF-8 text" in errors and "nothing changed" in errors
+    assert "secret-" not in errors and "0xff" not in errors and "udcff" not in errors
+    assert rows(db_url, "SELECT count(*) FROM hookledger_private.chat_secrets") == [(0,)]
+
+
 def test_wrong_api_key_is_a_clear_error_without_the_key_or_a_secret(
         sandbox: Sandbox, db_url: str, tmp_path: Path) -> None:
     wrong = "wrong-api-key-d00d5eed"
