@@ -3,11 +3,15 @@ function and the view."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from decimal import Decimal
 
 import httpx
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.live import running_service
 
@@ -189,3 +193,58 @@ def test_a_client_gone_mid_body_or_a_body_too_large_is_answered_never_an_error(
         assert fine.status_code == 201, fine.text
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [
         r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+# an amount spelled as a caller may: exact decimals of any scale and exponent, in range and
+# out of it, and text that is no number
+amounts = st.one_of(
+    st.decimals(min_value=Decimal("1e-100"), max_value=Decimal("999999999999999.99"),
+                allow_nan=False, allow_infinity=False, places=None),
+    st.decimals(allow_nan=True, allow_infinity=True),
+    st.integers(-10, 10**16), st.text(max_size=12))
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(reference=st.text(max_size=520), kind=st.sampled_from(["collection", "payout"]),
+       amount=amounts)
+def test_any_reference_and_amount_is_kept_exactly_or_refused_as_invalid(
+        db_url: str, reference: str, kind: str, amount: object) -> None:
+    """Whatever a caller sends is refused as invalid, or kept digit for digit (never as a
+    float): a repeat of the same amount in another spelling is the same registration, and
+    any other amount is a conflict."""
+    import asyncio
+    from datetime import UTC, datetime
+
+    from reconcile.expectations import (
+        ExpectationConflict,
+        ExpectationInvalid,
+        parse_expectation,
+        register,
+        registered,
+    )
+
+    try:
+        expectation = parse_expectation({"reference": reference, "kind": kind,
+                                         "amount": amount}, now=datetime.now(UTC))
+    except ExpectationInvalid:
+        return
+    assert expectation.reference == reference
+    assert expectation.amount == Decimal(str(amount).strip()) and expectation.amount > 0
+    exact = format(expectation.amount, "f")
+    respelled = Decimal(exact + ("0" if "." in exact else ".0"))
+    other = expectation.amount * 2
+
+    async def go() -> None:
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+            await conn.execute("DELETE FROM hookledger_private.expectations")
+            assert await register(conn, expectation) is True
+            kept = await registered(conn, reference)
+            assert kept is not None and (kept.reference, kept.kind) == (reference, kind)
+            assert format(kept.amount, "f") == exact
+            assert await register(conn, dataclasses.replace(expectation, amount=respelled)
+                                  ) is False
+            with pytest.raises(ExpectationConflict):
+                await register(conn, dataclasses.replace(expectation, amount=other))
+
+    asyncio.run(go())
