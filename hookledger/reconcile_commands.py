@@ -138,8 +138,8 @@ def expect_command(reference: str, kind: str, amount: str | None,
     settings = _root()
     try:
         data: dict[str, object] = {"reference": reference, "kind": kind, "amount": amount}
-        if initiated_at:
-            data["initiated_at"] = initiated_at
+        if initiated_at is not None:  # "" is refused as the API refuses it: a script's
+            data["initiated_at"] = initiated_at  # unset variable registered "now" silently
         expectation = parse_expectation(data, now=datetime.now(UTC))
     except ReconcileError as exc:
         raise click.BadParameter(str(exc)) from exc

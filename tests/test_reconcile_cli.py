@@ -49,6 +49,9 @@ def test_expect_reconcile_and_report_from_the_command_line(
         bad = runner.invoke(main, ["expect", "CLI-2", "--kind", "collection",
                                    "--amount", "-3"])
         assert bad.exit_code != 0
+        unset = runner.invoke(main, ["expect", "CLI-2", "--kind", "collection", "--amount",
+                                     "5", "--initiated-at", ""])  # a script's unset variable
+        assert unset.exit_code == 2 and "initiated_at" in unset.output  # was "now", silently
         no_amount = runner.invoke(main, ["expect", "CLI-2", "--kind", "payout"])
         assert no_amount.exit_code != 0 and "amount is required" in no_amount.output
         for amount, said in (("1e3", "registered: collection CLI-3 1000 TZS"),
