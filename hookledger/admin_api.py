@@ -75,7 +75,10 @@ def guarded(handler: Handler, token: str | None) -> Handler:
             return unauthorised()
         try:
             return await handler(request)
-        except (PoolTimeout, psycopg.OperationalError) as exc:
+        except (PoolTimeout, psycopg.OperationalError, psycopg.InterfaceError,
+                # a read-only server (a standby, the old primary after a failover) cannot
+                # write now, but it or its successor will: a 500 said not to retry
+                psycopg.errors.ReadOnlySqlTransaction) as exc:
             # a database gone is the caller's to retry, not a bug: no traceback; the error's
             # type only, as its text can name the server and user
             log.warning("admin_api.database_unavailable", path=request.url.path,

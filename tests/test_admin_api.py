@@ -94,3 +94,35 @@ def test_a_database_gone_is_answered_503_at_once(
             assert answer.json()["error"] == "database_unavailable"
             assert int(answer.headers["retry-after"]) > 0
             assert time.monotonic() - started < 10
+
+
+@contextlib.contextmanager
+def database_read_only(db_url: str) -> Iterator[None]:
+    """The service's database turned read-only for every new session (a standby promoted
+    elsewhere, a primary set read-only for maintenance), its open sessions cut."""
+    name = conninfo_to_dict(db_url)["dbname"]
+    with psycopg.connect(make_conninfo(db_url, dbname="postgres"), autocommit=True) as conn:
+        conn.execute(sql.SQL("ALTER DATABASE {} SET default_transaction_read_only = on")
+                     .format(sql.Identifier(name)))
+        try:
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                         "WHERE datname = %s", (name,))
+            yield
+        finally:
+            conn.execute(sql.SQL("ALTER DATABASE {} RESET default_transaction_read_only")
+                         .format(sql.Identifier(name)))
+
+
+def test_a_read_only_database_is_answered_503_not_500(db_url: str) -> None:
+    """Expectations cannot be written now but will be once a primary answers: a 500 with a
+    traceback told the caller its request was at fault, not to retry it."""
+    with running_service(db_url, admin_token=TOKEN) as base, database_read_only(db_url):
+        for n in range(3):  # the first may meet a cut connection
+            answer = httpx.post(f"{base}/api/expectations", timeout=60,
+                                json={"reference": f"RO-{n}", "kind": "collection",
+                                      "amount": "1000"},
+                                headers={"authorization": f"Bearer {TOKEN}"})
+            assert answer.status_code == 503, answer.text
+            assert answer.json()["error"] == "database_unavailable"
+    assert not any(reference.startswith("RO-") for (reference,) in psycopg.connect(
+        db_url, autocommit=True).execute("SELECT reference FROM hookledger.expectations"))
