@@ -163,6 +163,14 @@ class _Commands(click.Group):
                 raise
             reason = without_password(str(cause).splitlines()[0], _configured_url())
             _fail(f"the database refused this role (HOOKLEDGER_DATABASE_URL): {reason}")
+        except (psycopg.errors.ReadOnlySqlTransaction, sqlalchemy.exc.InternalError) as exc:
+            # a replica, or sessions read-only by default: a command that writes (expect,
+            # resolve, reconcile, a migration due) stopped with a page of traceback
+            cause = exc.orig if isinstance(exc, sqlalchemy.exc.InternalError) else exc
+            if not isinstance(cause, psycopg.errors.ReadOnlySqlTransaction):
+                raise
+            _fail("the database takes no writes (a standby, or sessions read-only by "
+                  "default): this command writes; run it against the primary")
 
 
 @click.group(cls=_Commands)

@@ -34,13 +34,9 @@ class NotMigrated(Exception):
     """The database is not at this release's revision, and the command only reads."""
 
 
-def require_head(url: str) -> None:
-    """Refuse, rather than migrate, a database not at this release's revision: for the
-    commands that only read (``verify``, ``rebuild --verify``), which ran the migrations
-    first and so failed with a traceback on a standby or for a read-only role (exit 1, the
-    code of a tampered ledger), and changed a database they promise to leave alone."""
-    scripts = ScriptDirectory.from_config(alembic_config(url))
-    head = scripts.get_current_head()
+def _revisions(url: str) -> tuple[str | None, str | None]:
+    """The database's current revision and this release's head, read without writing."""
+    head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
     engine = create_engine(sqlalchemy_url(url), poolclass=NullPool)
     try:
         with engine.connect() as connection:
@@ -49,6 +45,16 @@ def require_head(url: str) -> None:
             ).get_current_revision()
     finally:
         engine.dispose()
+    return current, head
+
+
+def require_head(url: str) -> None:
+    """Refuse, rather than migrate, a database not at this release's revision: for the
+    commands that only read (``verify``, ``rebuild --verify``), which ran the migrations
+    first and so failed with a traceback on a standby or for a read-only role (exit 1, the
+    code of a tampered ledger), and changed a database they promise to leave alone."""
+    scripts = ScriptDirectory.from_config(alembic_config(url))
+    current, head = _revisions(url)
     if current == head:
         return
     if current is not None:
@@ -67,7 +73,14 @@ def require_head(url: str) -> None:
 def upgrade(url: str, revision: str = "head") -> None:
     """Apply migrations up to ``revision``. A database a newer release migrated is refused
     with a message that says so (alembic's own is a traceback about a revision it cannot
-    locate), and is left as it is."""
+    locate), and is left as it is. A database already at this release's head is only read:
+    alembic's run begins with writes (``CREATE SCHEMA IF NOT EXISTS``), so ``report`` and
+    every other command stopped with a traceback on a replica or for a read-only session,
+    though nothing was there to migrate."""
+    if revision == "head":
+        current, head = _revisions(url)
+        if current is not None and current == head:
+            return
     try:
         command.upgrade(alembic_config(url), revision)
     except CommandError as exc:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import uuid
+from collections.abc import Iterator
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 
 def with_database(url: str, name: str) -> str:
@@ -51,3 +55,20 @@ def refuse_event_type(url: str, event_type: str) -> None:
             FOR EACH ROW WHEN (NEW.event_type = '{event_type}')
             EXECUTE FUNCTION hookledger_private.test_refuse();
         """)
+
+
+@contextlib.contextmanager
+def database_read_only(db_url: str) -> Iterator[None]:
+    """The service's database turned read-only for every new session (a standby promoted
+    elsewhere, a primary set read-only for maintenance), its open sessions cut."""
+    name = str(conninfo_to_dict(db_url)["dbname"])
+    with psycopg.connect(make_conninfo(db_url, dbname="postgres"), autocommit=True) as conn:
+        conn.execute(sql.SQL("ALTER DATABASE {} SET default_transaction_read_only = on")
+                     .format(sql.Identifier(name)))
+        try:
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                         "WHERE datname = %s", (name,))
+            yield
+        finally:
+            conn.execute(sql.SQL("ALTER DATABASE {} RESET default_transaction_read_only")
+                         .format(sql.Identifier(name)))

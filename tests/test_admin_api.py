@@ -12,6 +12,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from tests.dbutil import database_read_only
 from tests.live import running_service
 
 TOKEN = "admin-token-0123456789"
@@ -94,23 +95,6 @@ def test_a_database_gone_is_answered_503_at_once(
             assert answer.json()["error"] == "database_unavailable"
             assert int(answer.headers["retry-after"]) > 0
             assert time.monotonic() - started < 10
-
-
-@contextlib.contextmanager
-def database_read_only(db_url: str) -> Iterator[None]:
-    """The service's database turned read-only for every new session (a standby promoted
-    elsewhere, a primary set read-only for maintenance), its open sessions cut."""
-    name = conninfo_to_dict(db_url)["dbname"]
-    with psycopg.connect(make_conninfo(db_url, dbname="postgres"), autocommit=True) as conn:
-        conn.execute(sql.SQL("ALTER DATABASE {} SET default_transaction_read_only = on")
-                     .format(sql.Identifier(name)))
-        try:
-            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                         "WHERE datname = %s", (name,))
-            yield
-        finally:
-            conn.execute(sql.SQL("ALTER DATABASE {} RESET default_transaction_read_only")
-                         .format(sql.Identifier(name)))
 
 
 def test_a_read_only_database_is_answered_503_not_500(db_url: str) -> None:

@@ -17,6 +17,7 @@ from click.testing import CliRunner
 
 from hookledger.cli import main
 from sandbox.runner import running_sandbox
+from tests.dbutil import database_read_only
 from tests.reconcile_helpers import API_KEY, CountingState, body
 
 
@@ -406,3 +407,23 @@ def test_a_report_on_standard_output_is_utf8_whatever_its_encoding(
         text = done.stdout.decode("utf-8")
         assert "M-€" in text and "Zürich ✓" in text, fmt
 
+
+
+def test_on_a_read_only_database_report_reads_and_a_write_is_a_message(
+        db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replica, or sessions read-only by default: every command ran the migrations first,
+    whose run begins with a write, so even ``report`` stopped with a page of traceback
+    though nothing was due; a command that writes did too."""
+    monkeypatch.setenv("HOOKLEDGER_DATABASE_URL", db_url)
+    monkeypatch.setenv("HOOKLEDGER_HOME", str(tmp_path))
+    runner = CliRunner()
+    assert runner.invoke(main, ["expect", "RO-1", "--kind", "collection",
+                                "--amount", "5"]).exit_code == 0
+    with database_read_only(db_url):
+        report = runner.invoke(main, ["report", "--format", "json"])
+        assert report.exit_code == 0, report.output
+        assert json.loads(report.stdout)["totals"]["open"] == 0
+        refused = runner.invoke(main, ["expect", "RO-2", "--kind", "collection",
+                                       "--amount", "5"])
+        assert refused.exit_code == 2, refused.output
+        assert "takes no writes" in refused.output and "Traceback" not in refused.output
