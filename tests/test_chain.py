@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -234,6 +235,17 @@ def test_migration_0010_keeps_the_digest_function_of_0009_bit_for_bit() -> None:
     assert "ROW." not in after.UPGRADE  # every field rendered for the row it hashes
 
 
+def test_migration_0014_qualifies_the_digest_of_0010_and_changes_nothing_else() -> None:
+    """0014's trigger names every function and operator in ``pg_catalog``; with those names
+    taken off, its digest must be 0010's, or new hashes would stop matching verify's."""
+    template = importlib.import_module("migrations.versions.0010_chain_digest_inline")
+    after = importlib.import_module("migrations.versions.0014_append_trigger_qualified")
+    called = set(re.findall(r"(?<!pg_catalog\.)\b(\w+)\(", after.DIGEST_OF_NEW))
+    assert called <= {"coalesce", "extract", "OPERATOR"}  # syntax, and qualified operators
+    bare = re.sub(r"OPERATOR\(pg_catalog\.(\S+?)\)", r"\1", after.DIGEST_OF_NEW)
+    assert bare.replace("pg_catalog.", "") == template.digest_of("NEW")
+
+
 def test_the_projectors_discrepancy_chains_to_the_newest_event_under_repeatable_read(
         db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A database whose default isolation is REPEATABLE READ (some teams set it): an event
@@ -385,3 +397,45 @@ def test_a_row_inserted_by_plain_sql_and_a_cut_tail_verify_as_the_readme_says(
     with psycopg.connect(db_url) as conn:
         assert conn.execute("SELECT encode(chain_hash, 'hex') FROM hookledger.ledger "
                             "WHERE position = %s", (kept_position,)).fetchone() is None
+
+
+def test_a_role_that_may_create_in_public_cannot_reach_the_ledger_through_the_append_trigger(
+        db_url: str) -> None:
+    """The append trigger named its functions and operators unqualified, so they were
+    looked up on the appending session's search path: a role that may only create in a
+    schema there (``public``, which every role may write to on PostgreSQL 13 and 14 unless
+    revoked) added a ``nextval(text)`` and a ``convert_to(text, text)``, which PostgreSQL
+    prefers to its own for a quoted literal. The next append ran them with the appender's
+    rights, the tables' owner's: this one switches the immutability guard off and deletes
+    an event, and hashes every field as nothing, so ``verify`` calls what follows tampered.
+    """
+    append(db_url, 3, "SP")
+    role = f"hl_tenant_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(pg_sql.SQL("CREATE ROLE {0} NOLOGIN; GRANT CREATE ON SCHEMA public "
+                                "TO {0}").format(pg_sql.Identifier(role)))
+    try:
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            conn.execute(pg_sql.SQL("SET ROLE {}").format(pg_sql.Identifier(role)))
+            conn.execute("""
+                CREATE FUNCTION public.nextval(text) RETURNS bigint LANGUAGE plpgsql AS $f$
+                BEGIN
+                    EXECUTE 'CREATE OR REPLACE FUNCTION '
+                        'hookledger_private.ledger_events_refuse_change() RETURNS trigger '
+                        'LANGUAGE plpgsql AS $g$ BEGIN RETURN OLD; END $g$';
+                    DELETE FROM hookledger_private.ledger_events WHERE position = 2;
+                    RETURN pg_catalog.nextval($1::pg_catalog.regclass);
+                END $f$""")
+            conn.execute("CREATE FUNCTION public.convert_to(text, text) RETURNS bytea "
+                         "LANGUAGE sql AS $$ SELECT '\\x00'::pg_catalog.bytea $$")
+        append(db_url, 3, "SP-LATER")
+        with psycopg.connect(db_url) as conn:
+            positions = [p for (p,) in conn.execute(
+                "SELECT position FROM hookledger.ledger ORDER BY position").fetchall()]
+        assert positions == [1, 2, 3, 4, 5, 6]
+        result = check(db_url)
+        assert result.intact and result.checked == 6  # type: ignore[attr-defined]
+    finally:
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            conn.execute(pg_sql.SQL("DROP OWNED BY {0}; DROP ROLE {0}").format(
+                pg_sql.Identifier(role)))
