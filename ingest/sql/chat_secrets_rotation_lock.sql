@@ -2,5 +2,6 @@
 -- secret is stored (in a transaction of its own, on a connection of its own: ended however
 -- the rotation ends). Another key than chat_secrets_lock.sql's, which the store takes on
 -- another connection meanwhile. Tried, not waited for: a second rotation is refused.
-SELECT pg_try_advisory_xact_lock(
-    hashtextextended('hookledger.chat_secrets.rotation:' || %(phone_number_id)s, 0))
+-- Named in pg_catalog, as chat_secrets_lock.sql's.
+SELECT pg_catalog.pg_try_advisory_xact_lock(
+    pg_catalog.hashtextextended('hookledger.chat_secrets.rotation:' || %(phone_number_id)s, 0))
