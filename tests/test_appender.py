@@ -383,3 +383,23 @@ async def test_an_event_answered_refused_by_the_spool_is_not_committed_as_well(
     assert isinstance(done[0], LedgerError) and not isinstance(done[0], LedgerUnavailable)
     assert isinstance(done[1], AppendResult) and not done[1].spooled
     assert await stored_keys(pool) == [KEYS[2]]
+
+
+@pytest.mark.anyio
+async def test_a_batch_lingering_for_company_is_not_taken_for_one_held_up_by_slow_flushes(
+        pool: AsyncConnectionPool, tmp_path: Path) -> None:
+    """``HOOKLEDGER_APPEND_MAX_WAIT_MS`` is waited out on top of the spool's bounds (README).
+    A linger as long as a third of ``HOOKLEDGER_APPEND_STALL_S`` (200 ms against 0.3 s: the
+    service's ``queue_wait_s``) was counted as a queue overdue behind slow batches: under
+    light load and a healthy database, every delivery went to the spool, not the ledger."""
+    store = LedgerStore(pool)
+    spool = Spool(tmp_path / "spool")
+    appender = BatchingAppender(store.append, spool=spool, max_wait_s=0.2, stall_s=0.3,
+                                queue_wait_s=0.1)
+    appender.start()
+    answers = [await appender.append(e) for e in EVENTS[:3]]
+    together = await asyncio.gather(*(appender.append(e) for e in EVENTS[3:6]))
+    await appender.close()
+    assert [a.spooled for a in answers + together] == [False] * 6
+    assert appender.batches == 4  # the three lingering together were one batch
+    assert await stored_keys(pool) == KEYS[:6]
