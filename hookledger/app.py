@@ -158,7 +158,8 @@ def create_app(settings: Settings, database_url: str, *,
                                         spool=spool, on_spooled=drainer.nudge,
                                         on_batch=metrics.batch_size.observe,
                                         stall_s=settings.append_stall_s,
-                                        queue_wait_s=settings.append_stall_s / 3)
+                                        queue_wait_s=settings.append_stall_s / 3,
+                                        caught_up=drainer.caught_up)
             appender.start()
             stack.push_async_callback(appender.close)
             holder["runtime"] = Runtime(pool, store, appender, metrics, spool)

@@ -75,9 +75,13 @@ class BatchingAppender:
                  max_wait_s: float = 0.0, spool: Spool | None = None,
                  on_spooled: Callable[[], None] | None = None,
                  on_batch: Callable[[int], None] | None = None,
-                 stall_s: float | None = None, queue_wait_s: float | None = None) -> None:
+                 stall_s: float | None = None, queue_wait_s: float | None = None,
+                 caught_up: Callable[[float], Awaitable[bool]] | None = None) -> None:
         self._append_many = append_many
         self._spool = spool
+        # the drainer's SpoolDrainer.caught_up: whether a batch behind a backlog may wait
+        # for it to drain, rather than go to the spool too (see _behind_backlog)
+        self._caught_up = caught_up
         self._on_spooled = on_spooled
         self._on_batch = on_batch  # told each committed batch's size (a metric)
         self._max_batch = max_batch
@@ -86,6 +90,7 @@ class BatchingAppender:
         # when each queued event arrived (the loop's clock), beside ``_queue``: past
         # ``queue_wait_s`` for the first of them, the queue goes to the spool
         self._arrived: list[float] = []
+        self._batch_arrived = 0.0  # when the oldest event of the batch being flushed came
         self._queue_wait_s = queue_wait_s
         # a flush the database has held past ``stall_s``: its task is left to end alone
         # (detached), its callers answered from the spool by the task that replaces it
@@ -147,6 +152,7 @@ class BatchingAppender:
                     if self._overdue() and await self._spool_overdue():
                         continue
                     batch = self._queue[: self._max_batch]
+                    self._batch_arrived = self._arrived[0]
                     del self._queue[: self._max_batch]
                     del self._arrived[: self._max_batch]
                     await self._flush(batch)
@@ -170,8 +176,13 @@ class BatchingAppender:
         spool, the database healthy."""
         return (self._queue_wait_s is not None and self._spool is not None
                 and bool(self._arrived)
-                and asyncio.get_running_loop().time() - self._arrived[0]
-                >= self._queue_wait_s + self._max_wait_s)
+                and self._queue_wait_left(self._arrived[0]) <= 0)
+
+    def _queue_wait_left(self, arrived: float) -> float:
+        """What is left of ``queue_wait_s`` (past ``max_wait_s``) to an event that arrived
+        at ``arrived`` (the loop's clock)."""
+        waited = asyncio.get_running_loop().time() - arrived
+        return (self._queue_wait_s or 0.0) + self._max_wait_s - waited
 
     async def _spool_overdue(self) -> bool:
         """Hand the whole queue to the spool, in order, and answer it: its first event has
@@ -262,7 +273,7 @@ class BatchingAppender:
                       ) -> None:
         if asyncio.current_task() in self._detached:
             return  # held past stall_s and taken over: its callers are answered elsewhere
-        if self._spool is not None and self._spool.backlog:
+        if await self._behind_backlog():
             if await self._to_spool(batch, refuse=False):
                 return  # spooled events not yet drained go first: keep arrival order
             # (one the spool could not encode was answered refused: not committed too)
@@ -307,6 +318,19 @@ class BatchingAppender:
                 self._on_batch(len(batch))
             except Exception:
                 log.exception("appender.on_batch_failed")
+
+    async def _behind_backlog(self) -> bool:
+        """Whether records this process spooled are not in the ledger yet, so that a batch
+        must follow them into the spool to keep the order. With a drainer to ask, a small
+        backlog it is draining is waited for while the batch waits in memory
+        (:meth:`ingest.spool_drain.SpoolDrainer.caught_up`), for what is left of the
+        batch's ``queue_wait_s``: the wait and the flush after it stay within the bound a
+        queue behind slow flushes has (four thirds of the stall time)."""
+        if self._spool is None or not self._spool.backlog:
+            return False
+        if self._caught_up is None:
+            return True
+        return not await self._caught_up(max(self._queue_wait_left(self._batch_arrived), 0.0))
 
     async def _one_by_one(self, batch: list[tuple[NewEvent, asyncio.Future[AppendResult]]]
                           ) -> None:

@@ -64,6 +64,8 @@ class SpoolDrainer:
         self._batch_size = batch_size
         self._wakeup = asyncio.Event()
         self._stop = asyncio.Event()
+        self._round_ended = asyncio.Event()  # set as each round ends (see caught_up)
+        self._reached = True  # whether the last round reached the database
         self._task: asyncio.Task[None] | None = None
         self.drained = 0
         self.damaged = 0
@@ -75,6 +77,32 @@ class SpoolDrainer:
 
     def nudge(self) -> None:
         self._wakeup.set()
+
+    async def caught_up(self, within_s: float) -> bool:
+        """Whether every record this process spooled is in the ledger, waiting at most
+        ``within_s`` for drain rounds to get them there.
+
+        For the appender, which sends a batch behind a backlog to the spool, so that the
+        order holds. Under steady load every drain round found the records spooled during
+        the round before it: the backlog never was empty when a batch came, and after an
+        outage, however short, every delivery went through the spool for good. Waiting for
+        the drainer (while new deliveries queue in memory, not in the spool) ends that.
+        Not waited for, False at once, when the last round could not reach the database
+        (an outage: the spool answers at once, as before) or the backlog is more than one
+        chunk (a long drain: waiting would hold each batch until its bound)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within_s
+        while self._spool.backlog:
+            remaining = deadline - loop.time()
+            if not self._reached or self._spool.backlog > self._batch_size or remaining <= 0:
+                return False
+            self._round_ended.clear()
+            self.nudge()
+            try:
+                await asyncio.wait_for(self._round_ended.wait(), remaining)
+            except TimeoutError:
+                return False
+        return True
 
     async def stop(self) -> None:
         self._stop.set()
@@ -160,9 +188,12 @@ class SpoolDrainer:
                 if self._spool.depth() == 0:
                     continue
                 await self.drain_once()
+                self._reached = True
                 if self._spool.backlog:  # more arrived while draining: keep going
                     self._wakeup.set()
             except LedgerUnavailable:
-                pass  # still down: the next round tries again
+                self._reached = False  # still down: the next round tries again
             except Exception:
                 log.exception("spool.drain_failed")
+            finally:
+                self._round_ended.set()
