@@ -92,10 +92,13 @@ class SpoolDrainer:
         chunk (a long drain: waiting would hold each batch until its bound)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + within_s
-        while self._spool.backlog:
+        before = None
+        while backlog := self._spool.backlog:
             remaining = deadline - loop.time()
-            if not self._reached or self._spool.backlog > self._batch_size or remaining <= 0:
+            if not self._reached or backlog > self._batch_size or remaining <= 0 \
+                    or backlog == before:  # a round took none of it (another holds it)
                 return False
+            before = backlog
             self._round_ended.clear()
             self.nudge()
             try:
@@ -187,9 +190,12 @@ class SpoolDrainer:
                 # task for good, and the backlog, and every delivery spooled behind it, with it
                 if self._spool.depth() == 0:
                     continue
-                await self.drain_once()
+                appended = await self.drain_once()
                 self._reached = True
-                if self._spool.backlog:  # more arrived while draining: keep going
+                # more arrived while draining: keep going. Only after a round that drained
+                # something: one whose files another process's drainer holds drained
+                # nothing, and started again at once, a core's worth, for as long as it held
+                if appended and self._spool.backlog:
                     self._wakeup.set()
             except LedgerUnavailable:
                 self._reached = False  # still down: the next round tries again

@@ -957,3 +957,38 @@ async def test_after_an_outage_steady_load_goes_back_to_the_database(
         keys = [k for (k,) in await cur.fetchall()]
     assert keys[:5] == [event(i).dedupe_key for i in range(5)]  # the backlog first
     assert sorted(keys) == sorted(event(i).dedupe_key for i in range(5 + 960))
+
+
+@pytest.mark.anyio
+async def test_a_drainer_whose_file_another_holds_waits_for_its_next_round_not_spinning(
+        pool: AsyncConnectionPool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With several workers on one home, another worker's drainer may hold a file of this
+    one's. The round then drained nothing, the backlog stood, and the drainer started
+    the next round at once: about 1,900 rounds a second, a whole core, for as long as the
+    other held the file (a long file, or a silent database's stall time again and again)."""
+    spool = Spool(tmp_path, owner="worker-a")
+    spool.write([event(1)])
+    spool.seal()
+    drainer = SpoolDrainer(spool, LedgerStore(pool).append, interval_s=0.5)
+    rounds = 0
+    drain_once = drainer.drain_once
+
+    async def counted() -> int:
+        nonlocal rounds
+        rounds += 1
+        return await drain_once()
+
+    monkeypatch.setattr(drainer, "drain_once", counted)
+    (held,) = tmp_path.glob("spool-*.hls")
+    with open(held, "rb") as other_drainer:  # another worker's drainer holds it
+        fcntl.flock(other_drainer.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        drainer.start()
+        drainer.nudge()
+        await asyncio.sleep(1.2)
+    assert rounds <= 4  # the nudge's, then one each interval
+    await asyncio.sleep(0.6)  # let go: the next round drains it
+    await drainer.stop()
+    assert spool.backlog == 0
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT dedupe_key FROM hookledger.ledger")
+        assert await cur.fetchall() == [(event(1).dedupe_key,)]
