@@ -22,13 +22,25 @@ MASK = "[redacted]"
 
 
 class _CurrentStderr:
-    """Writes to whatever ``sys.stderr`` is at the time (it may be replaced after start-up)."""
+    """Writes to whatever ``sys.stderr`` is at the time (it may be replaced after start-up).
+
+    A line that cannot be written is dropped: once the reader had gone (journald restarted,
+    which cuts every service's stream; the other end of a pipe closed; the log file's disk
+    full), each line raised into the request that wrote it, and a signed delivery logged
+    before its append was answered 500 and never kept, the general system never sending
+    it again. The standard library's handlers drop theirs likewise."""
 
     def write(self, text: str) -> int:
-        return sys.stderr.write(text)
+        try:
+            return sys.stderr.write(text)
+        except (OSError, ValueError):  # ValueError: a stderr closed in this process
+            return 0
 
     def flush(self) -> None:
-        sys.stderr.flush()
+        try:
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
 
 
 def secret_masker(secrets: Iterable[str]) -> structlog.types.Processor:

@@ -7,6 +7,7 @@ import logging
 from collections.abc import Iterator
 
 import httpx
+import psycopg
 import pytest
 import structlog
 
@@ -174,3 +175,55 @@ def test_long_enough_secrets_start_without_a_warning(capsys: pytest.CaptureFixtu
     finally:
         structlog.reset_defaults()
     assert "secrets.too_short_to_mask" not in capsys.readouterr().err
+
+
+class _ReaderGone:
+    """Standard error whose reader goes away once ``gone`` is set (journald restarted, the
+    other end of a pipe closed, the log file's disk full): every write then fails."""
+
+    gone = False
+
+    def write(self, text: str) -> int:
+        if self.gone:
+            raise BrokenPipeError(32, "Broken pipe")
+        return len(text)
+
+    def flush(self) -> None:
+        if self.gone:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    def isatty(self) -> bool:
+        return False
+
+
+def test_a_log_line_that_cannot_be_written_fails_no_delivery(
+        db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each log line raised BrokenPipeError into the request that wrote it: a signed but
+    malformed delivery (logged before its append) was answered 500 and never kept, the
+    general system never sending it again; a committed one was answered 500 too, and a
+    forged one 500, unrecorded."""
+    stderr = _ReaderGone()
+    monkeypatch.setattr("sys.stderr", stderr)
+    logs.configure(fmt="json", level="info", secrets=[SECRET], cache=False)
+    try:
+        with running_service(db_url, general_secrets=f"main={SECRET}") as base:
+            stderr.gone = True
+            url = f"{base}/webhooks/general/main"
+            answers = []
+            for body in (general_body("payment.confirmed", 91000, reference="R-PIPE-1"),
+                         general_body("payment.confirmed", 91000, reference="R-PIPE-2",
+                                      amount="lots")):
+                raw = encode(body)
+                answers.append(httpx.post(url, content=raw, headers={
+                    "x-service-signature": general_header(SECRET, raw)}).status_code)
+            answers.append(httpx.post(url, content=b"{}", headers={
+                "x-service-signature": "sha256=" + "0" * 64}).status_code)
+    finally:
+        structlog.reset_defaults()
+    assert answers == [200, 200, 401]
+    with psycopg.connect(db_url) as conn:
+        kept = conn.execute("SELECT event_type, payload->>'reference' FROM hookledger.ledger "
+                            "WHERE source = 'general' ORDER BY position").fetchall()
+        refused = conn.execute("SELECT reason FROM hookledger.rejected_deliveries").fetchall()
+    assert kept == [("payment.confirmed", "R-PIPE-1"), ("general.malformed", "R-PIPE-2")]
+    assert refused == [("bad_signature",)]
