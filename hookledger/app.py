@@ -117,7 +117,9 @@ def ingest_pool(database_url: str, max_size: int) -> AsyncConnectionPool:
     as ``general.malformed``. Planning the append each time costs the server about 65 us
     a statement (not under the append lock), against a commit's flush."""
     return AsyncConnectionPool(
-        database_url, min_size=2, max_size=max_size, open=False,
+        # two kept open, unless HOOKLEDGER_DB_POOL_SIZE allows only one: the pool refused
+        # a largest size below its smallest, and no worker started
+        database_url, min_size=min(2, max_size), max_size=max_size, open=False,
         kwargs={"autocommit": True, "application_name": "hookledger-ingest",
                 "prepare_threshold": None},
         name="hookledger", configure=ready_to_append,

@@ -361,3 +361,13 @@ def test_the_ingest_connections_are_named_for_pg_stat_activity(service: str,
                               "datname = current_database() AND "
                               "application_name = 'hookledger-ingest'")
     assert named >= 1  # the pool keeps its connections open: the append's is among them
+
+
+def test_a_pool_of_one_connection_serves(db_url: str) -> None:
+    """``HOOKLEDGER_DB_POOL_SIZE`` takes any size above 0, but the pool always opened two
+    connections and refused a largest size below that: with 1 (a small managed database's
+    connection limit) no worker started."""
+    with running_service(db_url, general_secrets=f"primary={SECRETS['primary']}",
+                         db_pool_size=1) as base:
+        raw = encode(general_body("payment.confirmed", 91000, reference="REF-ONE"))
+        assert post(base, "primary", raw, secret=SECRETS["primary"]).json()["position"] == 1
