@@ -44,17 +44,44 @@ def application_name(token: str | None = None) -> str:
     return f"{APPLICATION_PREFIX}{token or uuid.uuid4().hex[:16]}"
 
 
+# The session holding the projector lock in this database, as ``pg_locks`` shows it: an
+# advisory lock on a bigint key is its high and low 32 bits.
+_HOLDS_PROJECTOR_LOCK = (
+    "l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 "
+    "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+    "AND l.classid::bigint = %(hi)s AND l.objid::bigint = %(lo)s")
+_LOCK_KEY = {"hi": PROJECTOR_LOCK_KEY >> 32, "lo": PROJECTOR_LOCK_KEY & 0xFFFFFFFF}
+
+
 def leader_query(name: str) -> tuple[str, dict[str, object]]:
     """SQL and parameters telling whether the projector lock is held by the session named
-    ``name``: an advisory lock on a bigint key shows in ``pg_locks`` as its high and low
-    32 bits."""
+    ``name``."""
     return ("SELECT EXISTS (SELECT 1 FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
-            "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 "
-            "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
-            "AND l.classid::bigint = %(hi)s AND l.objid::bigint = %(lo)s "
-            "AND a.application_name = %(name)s)",
-            {"hi": PROJECTOR_LOCK_KEY >> 32, "lo": PROJECTOR_LOCK_KEY & 0xFFFFFFFF,
-             "name": name})
+            f"WHERE {_HOLDS_PROJECTOR_LOCK} AND a.application_name = %(name)s)",
+            {**_LOCK_KEY, "name": name})
+
+
+def stranded_leader_query(after_s: float) -> tuple[str, dict[str, object]]:
+    """SQL and parameters ending the session that holds the projector lock when it has sat
+    for more than ``after_s`` in one statement waiting on its client (``ClientRead``,
+    ``ClientWrite``); each row is a pid and whether it was signalled.
+
+    A network blip while the leader's batch is in its ``COPY`` (the server waiting for the
+    rows) or while the server sends it the batch's events leaves the session *active*, not
+    idle: neither ``idle_session_timeout`` nor ``idle_in_transaction_session_timeout`` ends
+    it, and a server does not act on ``statement_timeout`` while it waits on the client.
+    It kept the projector lock and the checkpoint rows until the kernel gave up on the
+    socket (hours with the default keepalives; never behind a proxy that keeps its side
+    open), and no projector led. A working leader sends a batch's rows and reads its events
+    at once, far inside a batch's bound; ending one that was merely slow rolls its batch
+    back, to be folded again by whoever leads next.
+    """
+    return ("SELECT a.pid, pg_terminate_backend(a.pid) "
+            "FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
+            f"WHERE {_HOLDS_PROJECTOR_LOCK} AND a.state = 'active' "
+            "AND a.wait_event_type = 'Client' AND a.wait_event IN ('ClientRead', 'ClientWrite') "
+            "AND a.state_change < clock_timestamp() - make_interval(secs => %(after)s)",
+            {**_LOCK_KEY, "after": after_s})
 
 log = structlog.get_logger("hookledger.projector")
 
@@ -108,6 +135,7 @@ class LiveProjector:
         self._stop = asyncio.Event()
         self.is_leader = False
         self.applied = 0
+        self._may_not_end_sessions = False
 
     def stop(self) -> None:
         self._stop.set()
@@ -134,6 +162,7 @@ class LiveProjector:
                 row = await cur.fetchone()
                 if row and row[0]:
                     break
+                await self._end_stranded_leader(conn)
                 await self._sleep(self._standby_retry_s)
             if self._stop.is_set():
                 return
@@ -160,6 +189,25 @@ class LiveProjector:
                     await self._wait_for_news(conn)
                     if self._coalesce_s:
                         await self._sleep(self._coalesce_s)
+
+    async def _end_stranded_leader(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """As a standby, end a leader's session stranded on its client mid-statement
+        (:func:`stranded_leader_query`) once it has sat there longer than a batch may sit
+        idle inside its transaction, so that a projector leads again."""
+        if self._may_not_end_sessions:
+            return
+        query, params = stranded_leader_query(self._idle_in_batch_limit_s)
+        try:
+            cur = await conn.execute(query, params)
+        except psycopg.errors.InsufficientPrivilege:  # the leader runs as another role
+            self._may_not_end_sessions = True
+            log.warning("projector.cannot_end_stranded_leader",
+                        reason="this role may not end the leader's session")
+            return
+        for pid, ended in await cur.fetchall():
+            if ended:
+                log.warning("projector.stranded_leader_ended", pid=pid,
+                            after_s=self._idle_in_batch_limit_s)
 
     async def _wait_for_news(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Return on the next NOTIFY, after ``poll_s``, or at once when stopped.
