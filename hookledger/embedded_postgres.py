@@ -43,7 +43,9 @@ from urllib.parse import quote
 DATABASE_NAME = "hookledger"
 SUPERUSER = "postgres"
 _PORT = 5432  # only names the socket file; nothing listens on TCP
-_SOCKET_PATH_MAX = 100  # sun_path is 108 bytes; keep room for ".s.PGSQL.5432"
+_SOCKET_FILE = f".s.PGSQL.{_PORT}"
+# the socket file's whole path, in bytes: sun_path is 108 bytes with its terminating NUL
+_SOCKET_PATH_MAX = 107
 # what a socket folder cannot hold: the server option names it in single quotes (through
 # pg_ctl's shell) in a comma-separated list; the URL's host is percent-encoded instead
 _UNSAFE_FOR_SERVER = re.compile(r"[',\\\"\x00-\x1f]")
@@ -247,8 +249,10 @@ class EmbeddedPostgres:
     def socket_dir(self) -> Path:
         preferred = self.root / "run"
         # a quote, comma or backslash in the home (or the working directory, the default
-        # home's) would break the server's option: such a folder is not the socket's
-        if len(str(preferred)) <= _SOCKET_PATH_MAX \
+        # home's) would break the server's option: such a folder is not the socket's.
+        # Measured with the socket file's name, in bytes: a 100-character folder was taken,
+        # and the server refused the 114-byte path ("is too long (maximum 107 bytes)")
+        if len(os.fsencode(preferred / _SOCKET_FILE)) <= _SOCKET_PATH_MAX \
                 and not _UNSAFE_FOR_SERVER.search(str(preferred)):
             return preferred
         digest = hashlib.sha256(str(self.root).encode()).hexdigest()[:16]

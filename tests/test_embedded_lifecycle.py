@@ -166,3 +166,36 @@ def test_a_home_pg_ctl_cannot_start_from_is_refused_naming_the_setting(
         EmbeddedPostgres(home).start()
     assert "HOOKLEDGER_HOME" in str(refused.value) and str(home) in str(refused.value)
     assert not home.exists()
+
+
+@pytest.mark.parametrize(("padding", "socket_bytes", "socket_in_home"), [
+    ("x", 107, True), ("x", 108, False), ("é", 108, False)],
+    ids=["fits", "one byte over", "over in bytes, not in characters"])
+def test_a_home_deep_enough_for_the_socket_path_to_reach_its_limit_serves(
+        padding: str, socket_bytes: int, socket_in_home: bool) -> None:
+    """A socket's path holds at most 107 bytes (sun_path's 108 with its NUL), the socket
+    file's name included. The socket stayed in the home up to a 100-character folder: a
+    working directory 94 to 100 characters deep (or fewer, in characters of two bytes)
+    stopped every command with the server's "Unix-domain socket path ... is too long"."""
+    import shutil
+    import tempfile
+
+    top = Path(tempfile.mkdtemp(prefix="hl-"))
+    top.chmod(0o755)  # under root the server's own user must reach the home
+    try:
+        fixed = len(f"{top}/".encode()) + len("/postgres/run/.s.PGSQL.5432")
+        width = len(padding.encode())
+        home = top / (padding * ((socket_bytes - fixed) // width)
+                      + "x" * ((socket_bytes - fixed) % width))
+        server = EmbeddedPostgres(home)
+        assert len(str(server.root / "run" / ".s.PGSQL.5432").encode()) == socket_bytes
+        url = server.start()
+        try:
+            with psycopg.connect(url) as conn:
+                assert conn.execute("SELECT 1").fetchone() == (1,)
+        finally:
+            server.stop()
+        assert not postgres_running(home)
+        assert (server.socket_dir == server.root / "run") is socket_in_home
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
