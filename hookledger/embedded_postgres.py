@@ -218,6 +218,24 @@ def _grant_search(path: Path, os_user: str) -> list[Path]:
     return changed
 
 
+def _runs_in(pid: int, folder: Path) -> bool | None:
+    """Whether process ``pid`` works in ``folder`` (a PostgreSQL server's processes work in
+    its data folder), compared by identity, so a renamed or linked folder is still itself;
+    None where that cannot be read (no ``/proc``, as on macOS; another user's process)."""
+    try:
+        cwd, here = os.stat(f"/proc/{pid}/cwd"), os.stat(folder)
+    except OSError:
+        return None
+    return (cwd.st_dev, cwd.st_ino) == (here.st_dev, here.st_ino)
+
+
+def _first_line(path: Path) -> str | None:
+    try:
+        return path.read_text(errors="replace").split("\n", 1)[0].strip()
+    except OSError:
+        return None
+
+
 def pid_alive(pid: int) -> bool:
     """Whether a process with this pid exists (one of another user's counts too)."""
     try:
@@ -385,7 +403,30 @@ class EmbeddedPostgres:
             "--no-instructions",
         )
 
+    def _forget_stale_lock_files(self) -> None:
+        """Remove the server's lock files (``postmaster.pid``, the socket's) that name a
+        live process which is not a server of this cluster.
+
+        A power cut (or kill -9 of the server) leaves them behind, and the pid they name
+        may belong to another process of the server's user by the next start. pg_ctl and
+        the server took that process for the server: pg_ctl said it was running, so none was
+        started and every command failed to connect, and the last user's stop sent the
+        unrelated process the server's SIGINT. A lock file naming a dead process is left:
+        pg_ctl and the server see it as stale themselves. PostgreSQL's own guard against a
+        second server still holds: old server processes attached to its shared memory
+        make the new server refuse to start."""
+        for lock in (self.data_dir / "postmaster.pid",
+                     self.socket_dir / f"{_SOCKET_FILE}.lock"):
+            first = _first_line(lock)
+            if not first or not first.isdigit() or not pid_alive(int(first)):
+                continue
+            if _runs_in(int(first), self.data_dir) is False:
+                lock.unlink(missing_ok=True)
+                print(f"hookledger: removed {lock}, left by an embedded PostgreSQL that is "
+                      f"gone (its pid {first} is another process now)", file=sys.stderr)
+
     def _running(self, binaries: PostgresBinaries) -> bool:
+        self._forget_stale_lock_files()
         result = subprocess.run(
             [binaries.tool("pg_ctl"), "status", "-D", str(self.data_dir)],
             capture_output=True,

@@ -199,3 +199,37 @@ def test_a_home_deep_enough_for_the_socket_path_to_reach_its_limit_serves(
         assert (server.socket_dir == server.root / "run") is socket_in_home
     finally:
         shutil.rmtree(top, ignore_errors=True)
+
+
+def test_a_lock_file_left_by_a_power_cut_naming_another_live_process_is_stale(
+        tmp_path: Path) -> None:
+    """After a power cut ``postmaster.pid`` (and the socket's lock file) still name the
+    server, and after the reboot that pid may be another process of the server's user.
+    pg_ctl and the server took it for the server still running: every command failed to
+    connect ("Connection refused") for good, and each one's stop, finding no other user,
+    sent that unrelated process the server's SIGINT."""
+    import subprocess
+
+    from hookledger.embedded_postgres import _identity
+
+    home = tmp_path / "home"
+    server = EmbeddedPostgres(home)
+    server.start()
+    left = {path: path.read_text() for path in (
+        server.data_dir / "postmaster.pid", server.socket_dir / ".s.PGSQL.5432.lock")}
+    server.stop()
+    bystander = subprocess.Popen(["sleep", "600"], **_identity(server._run_as))
+    try:
+        for path, text in left.items():  # as the power cut left them, the pid now taken
+            path.write_text("\n".join([str(bystander.pid), *text.split("\n")[1:]]))
+        url = server.start()
+        try:
+            with psycopg.connect(url) as conn:
+                assert conn.execute("SELECT 1").fetchone() == (1,)
+        finally:
+            server.stop()
+        assert not postgres_running(home)
+        assert bystander.poll() is None, "the server's stop signalled another process"
+    finally:
+        bystander.kill()
+        bystander.wait()
