@@ -31,6 +31,7 @@ import os
 import pwd
 import re
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -236,6 +237,15 @@ def _first_line(path: Path) -> str | None:
         return None
 
 
+def _sync_folder(folder: Path) -> None:
+    """Make the names in ``folder`` (a rename into it) survive a power cut."""
+    descriptor = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
 def pid_alive(pid: int) -> bool:
     """Whether a process with this pid exists (one of another user's counts too)."""
     try:
@@ -386,15 +396,21 @@ class EmbeddedPostgres:
         return {**defaults, **self._server_settings}
 
     def _initdb(self, binaries: PostgresBinaries) -> None:
-        if self.data_dir.exists():
-            shutil.rmtree(self.data_dir)  # a half-made cluster from an interrupted initdb
-        self.data_dir.mkdir(mode=0o700)
-        self._own(self.data_dir)
+        """Make the cluster in a folder of its own, named the data folder once initdb has
+        finished (and synced it). initdb writes PG_VERSION first: a cluster it left half
+        made (Ctrl-C, SIGTERM, a power cut during the first start) was taken for a cluster,
+        and every later start failed ('database "postgres" does not exist') for good."""
+        staging = self.root / "data.initdb"
+        for half_made in (staging, self.data_dir):  # an interrupted initdb's
+            if half_made.exists():
+                shutil.rmtree(half_made)
+        staging.mkdir(mode=0o700)
+        self._own(staging)
         self._run(
             binaries,
             "initdb",
             "-D",
-            str(self.data_dir),
+            str(staging),
             "-U",
             SUPERUSER,
             "--auth=trust",
@@ -402,6 +418,8 @@ class EmbeddedPostgres:
             "--locale=C",
             "--no-instructions",
         )
+        staging.rename(self.data_dir)
+        _sync_folder(self.root)  # the name, before the server writes into the cluster
 
     def _forget_stale_lock_files(self) -> None:
         """Remove the server's lock files (``postmaster.pid``, the socket's) that name a
@@ -479,17 +497,27 @@ class EmbeddedPostgres:
 
     def _run(self, binaries: PostgresBinaries, tool: str, *args: str,
              action: str | None = None) -> None:
-        result = subprocess.run(
+        with subprocess.Popen(
             [binaries.tool(tool), *args],
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
             cwd=str(self.root),
             start_new_session=True,  # keep terminal signals away from the server
-            check=False,
             **_identity(self._run_as),
-        )
-        if result.returncode != 0:
+        ) as process:
+            try:
+                stdout, stderr = process.communicate()
+            except BaseException:
+                # interrupted (Ctrl-C, SIGTERM as SystemExit): the tool and what it started
+                # in its session, such as initdb's own postgres, which otherwise went on
+                # writing into the folder being made (pg_ctl starts the server in a session
+                # of its own, which this leaves alone)
+                with contextlib.suppress(OSError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                raise
+        if process.returncode != 0:
             raise EmbeddedPostgresError(
                 f"{tool} {action or (args[0] if args else '')} failed ({binaries.origin} binaries "
-                f"in {binaries.bin_dir}): {(result.stderr or result.stdout).strip()}"
+                f"in {binaries.bin_dir}): {(stderr or stdout).strip()}"
             )

@@ -233,3 +233,48 @@ def test_a_lock_file_left_by_a_power_cut_naming_another_live_process_is_stale(
     finally:
         bystander.kill()
         bystander.wait()
+
+
+@pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM"])
+def test_a_first_start_interrupted_while_the_cluster_is_made_leaves_a_home_that_starts(
+        tmp_path: Path, signum: str) -> None:
+    """Ctrl-C (or SIGTERM, which the commands turn into an exit) during the first start's
+    initdb killed it halfway; the folder it left already held PG_VERSION, so it was taken
+    for a cluster from then on: every later command failed ('database "postgres" does not
+    exist'), for good, until the user found and removed the folder."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from hookledger.cli import _exit_on_signal
+
+    previous = signal.signal(signal.SIGTERM, _exit_on_signal)  # as every command has it
+    home = tmp_path / "home"
+    server = EmbeddedPostgres(home)
+
+    def interrupt_once_the_cluster_is_being_made() -> None:
+        deadline = time.monotonic() + 60
+        while not list(server.root.glob("*/PG_VERSION")) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        time.sleep(0.1)
+        os.kill(os.getpid(), getattr(signal, signum))
+
+    watcher = threading.Thread(target=interrupt_once_the_cluster_is_being_made)
+    try:
+        watcher.start()
+        with pytest.raises((KeyboardInterrupt, SystemExit)):
+            server.start()
+            time.sleep(5)  # a start that outran the signal would fail the test here
+    finally:
+        watcher.join()
+        signal.signal(signal.SIGTERM, previous)
+    assert not postgres_running(home)
+
+    url = server.start()
+    try:
+        with psycopg.connect(url) as conn:
+            assert conn.execute("SELECT current_database()").fetchone() == ("hookledger",)
+    finally:
+        server.stop()
+    assert not postgres_running(home)
