@@ -384,6 +384,26 @@ class EmbeddedPostgres:
         entry = pwd.getpwnam(self._run_as)
         os.chown(path, entry.pw_uid, entry.pw_gid)
 
+    def _refuse_unless_ours(self, socket_dir: Path) -> None:
+        """Use a socket folder found already there only if it is a folder (no link) of this
+        process's user or the server's. Whoever can reach the socket is the server's
+        superuser; the folder in /tmp has a name that follows from the home's path, and
+        another user who made it first kept the right to replace the socket, or to reach
+        it: it was used as found (under root, given to the server's user still open)."""
+        info = socket_dir.lstat()
+        ours = {os.geteuid()}
+        if self._run_as is not None:
+            ours.add(pwd.getpwnam(self._run_as).pw_uid)
+        if stat.S_ISDIR(info.st_mode) and info.st_uid in ours:
+            return
+        raise EmbeddedPostgresError(
+            f"the embedded PostgreSQL's socket folder {socket_dir} is "
+            + ("a folder of another user" if stat.S_ISDIR(info.st_mode) else "not a folder")
+            + f" (uid {info.st_uid}): anyone able to use its socket is the database's "
+            f"superuser, so it is not used. Remove it (and find out who made it), or set "
+            f"HOOKLEDGER_HOME to a short path without a quote, comma or backslash, which "
+            f"keeps the socket in the home")
+
     def settings(self) -> dict[str, str]:
         """The settings the server starts with: :data:`SERVER_DEFAULTS` its version has,
         less those set by ``ALTER SYSTEM``, then the caller's ``server_settings``. Read
@@ -456,7 +476,9 @@ class EmbeddedPostgres:
     def _start_server(self, binaries: PostgresBinaries) -> None:
         socket_dir = self.socket_dir
         socket_dir.mkdir(mode=0o700, exist_ok=True)
+        self._refuse_unless_ours(socket_dir)
         self._own(socket_dir)
+        socket_dir.chmod(0o700)  # made before with other bits, it is closed now
         if not self.log_file.exists():
             self.log_file.touch()
         self._own(self.log_file)
