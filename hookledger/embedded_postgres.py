@@ -246,6 +246,13 @@ def _sync_folder(folder: Path) -> None:
         os.close(descriptor)
 
 
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)  # a uid with no name here (a disk from another machine)
+
+
 def pid_alive(pid: int) -> bool:
     """Whether a process with this pid exists (one of another user's counts too)."""
     try:
@@ -303,6 +310,7 @@ class EmbeddedPostgres:
                 f"HOOKLEDGER_HOME to a folder without them, or HOOKLEDGER_DATABASE_URL")
         self.root.mkdir(parents=True, exist_ok=True)
         self.users_dir.mkdir(exist_ok=True)
+        self._refuse_another_users_cluster()
         with self._locked():
             # registered before anything is started: a start that fails or is interrupted
             # halfway (Ctrl-C, SIGTERM as SystemExit) leaves again, and so stops a server it
@@ -383,6 +391,32 @@ class EmbeddedPostgres:
             return
         entry = pwd.getpwnam(self._run_as)
         os.chown(path, entry.pw_uid, entry.pw_gid)
+
+    def _refuse_another_users_cluster(self) -> None:
+        """Stop, changing nothing, when the cluster belongs to another OS user than the one
+        the server would run as. Root (``sudo hookledger report`` where a user's serve
+        runs) found it "not running", since its server user could not read it, and gave
+        the running server's socket folder and log to that user, cutting the running serve
+        off its database; a user on a home first run as root stopped with a traceback."""
+        try:
+            owner = self.data_dir.stat().st_uid
+        except FileNotFoundError:
+            return
+        server_uid = pwd.getpwnam(self._run_as).pw_uid if self._run_as else os.geteuid()
+        if owner == server_uid:
+            return
+        runs_as = _user_name(server_uid)
+        name = _user_name(owner)
+        if self._run_as is not None:
+            how = f"set HOOKLEDGER_EMBEDDED_OS_USER={name} to run it as its owner"
+        elif self.root.stat().st_uid == 0:
+            how = "this home was made by running hookledger as root: run it as root"
+        else:
+            how = f"run hookledger as {name!r}"
+        raise EmbeddedPostgresError(
+            f"the embedded PostgreSQL cluster in {self.data_dir} belongs to the OS user "
+            f"{name!r}, and this process would run it as {runs_as!r}: {how}, or set "
+            f"HOOKLEDGER_HOME to a folder of this user's")
 
     def _refuse_unless_ours(self, socket_dir: Path) -> None:
         """Use a socket folder found already there only if it is a folder (no link) of this

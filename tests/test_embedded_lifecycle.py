@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
@@ -342,3 +343,93 @@ def test_a_socket_folder_in_tmp_owned_by_another_user_is_refused() -> None:
         server.stop()
         shutil.rmtree(server.socket_dir, ignore_errors=True)
         shutil.rmtree(top, ignore_errors=True)
+
+
+def _cluster_of_another_user(home: Path) -> EmbeddedPostgres:
+    """A running cluster under ``home`` that belongs to the OS user ``nobody``, as one a
+    user made without root belongs to that user."""
+    from hookledger.embedded_postgres import EmbeddedPostgresUnavailable
+
+    owner = EmbeddedPostgres(home, os_user_when_root="nobody")
+    try:
+        owner.start()
+    except EmbeddedPostgresUnavailable:
+        pytest.skip("no PostgreSQL binaries that the user nobody can run")
+    return owner
+
+
+def _in_a_child_as(user: str, call: Callable[[], object]) -> str:
+    """What ``call()`` raised (type: message), or "ok", run in a child process that has
+    become ``user``."""
+    import pickle
+    import pwd
+    import traceback
+
+    entry = pwd.getpwnam(user)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        outcome = "ok"
+        try:
+            os.setgroups([])
+            os.setgid(entry.pw_gid)
+            os.setuid(entry.pw_uid)
+            call()
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent
+            outcome = f"{type(exc).__name__}: {exc}"
+            if not isinstance(exc, EmbeddedPostgresError):
+                outcome += "\n" + traceback.format_exc()
+        os.write(write, pickle.dumps(outcome))
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        data = pipe.read()
+    os.waitpid(pid, 0)
+    return str(pickle.loads(data))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as two OS users")
+def test_root_on_a_home_whose_cluster_is_another_users_says_whose_and_changes_nothing(
+        tmp_path: Path) -> None:
+    """``sudo hookledger report`` where a user's serve runs: root took the cluster for its
+    own server user's, found it "not running" (that user cannot read it), and gave the
+    running server's socket folder and log to its own user, cutting the running serve off
+    its database; now the socket folder's check refuses, telling the user to remove the
+    running server's socket folder."""
+    import pwd
+
+    home = tmp_path / "home"
+    owner = _cluster_of_another_user(home)
+    try:
+        before = {path: path.stat().st_uid for path in
+                  (owner.data_dir, owner.root / "run", owner.log_file)}
+        with pytest.raises(EmbeddedPostgresError) as refused:
+            EmbeddedPostgres(home).start()  # as root: its server user is hookledger
+        assert "'nobody'" in str(refused.value)
+        assert "HOOKLEDGER_EMBEDDED_OS_USER=nobody" in str(refused.value)
+        assert "Remove" not in str(refused.value)
+        assert {path: path.stat().st_uid for path in before} == before
+        assert before[owner.data_dir] == pwd.getpwnam("nobody").pw_uid
+        assert postgres_running(home)
+
+        joined = EmbeddedPostgres(home, os_user_when_root="nobody")  # as the message says
+        with psycopg.connect(joined.start()) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+        joined.stop()  # one process: its one registration, the owner's too
+    finally:
+        owner.stop()
+    assert not postgres_running(home)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as two OS users")
+def test_another_user_on_a_home_whose_cluster_root_made_is_told_whose_it_is(
+        tmp_path: Path) -> None:
+    """A home first run as root belongs to root and its cluster to the server's user: run
+    again as a user, every command stopped with a PermissionError traceback."""
+    home = tmp_path / "home"
+    server = EmbeddedPostgres(home)
+    server.start()
+    server.stop()
+    outcome = _in_a_child_as("nobody", lambda: EmbeddedPostgres(home).start())
+    assert outcome.startswith("EmbeddedPostgresError: "), outcome
+    assert "'hookledger'" in outcome and "root" in outcome
