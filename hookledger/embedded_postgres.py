@@ -301,7 +301,21 @@ class EmbeddedPostgres:
         return f"postgresql://{SUPERUSER}@/{database}?host={host}&port={_PORT}"
 
     def start(self) -> str:
-        """Start (or join) the server and return the URL of the ``hookledger`` database."""
+        """Start (or join) the server and return the URL of the ``hookledger`` database.
+
+        A file or folder it cannot make or open (a read-only or full disk, a folder of
+        another user's) is an :class:`EmbeddedPostgresError` naming it, which the commands
+        show as a message: it was an ``OSError`` traceback."""
+        try:
+            return self._start()
+        except OSError as exc:
+            where = exc.filename or self.root
+            raise EmbeddedPostgresError(
+                f"the embedded PostgreSQL cannot use {where}: {exc.strerror or exc}. Set "
+                f"HOOKLEDGER_HOME to a folder this user may write, on a writable disk with "
+                f"room, or HOOKLEDGER_DATABASE_URL to a server of your own") from exc
+
+    def _start(self) -> str:
         if _UNSAFE_FOR_PG_CTL.search(str(self.root)):
             raise EmbeddedPostgresError(
                 f"the embedded PostgreSQL cannot run in {self.root}: pg_ctl passes its folder "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
@@ -433,3 +433,65 @@ def test_another_user_on_a_home_whose_cluster_root_made_is_told_whose_it_is(
     outcome = _in_a_child_as("nobody", lambda: EmbeddedPostgres(home).start())
     assert outcome.startswith("EmbeddedPostgresError: "), outcome
     assert "'hookledger'" in outcome and "root" in outcome
+
+
+@pytest.fixture
+def read_only_disk(tmp_path: Path) -> Iterator[Path]:
+    """A small disk of its own, mounted read-write; remount it with ``remount(..., "ro")``."""
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a disk needs root")
+    mount_point = tmp_path / "disk"
+    mount_point.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m,mode=755", "tmpfs",
+                       str(mount_point)], capture_output=True, check=False).returncode:
+        pytest.skip("no mount here")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def remount(mount_point: Path, mode: str) -> None:
+    import subprocess
+
+    subprocess.run(["mount", "-o", f"remount,{mode}", str(mount_point)], check=True)
+
+
+@pytest.mark.parametrize("cluster_made_before", [False, True],
+                         ids=["a new home", "a home with its cluster"])
+def test_a_home_on_a_read_only_disk_is_a_message_not_a_traceback(
+        read_only_disk: Path, monkeypatch: pytest.MonkeyPatch,
+        cluster_made_before: bool) -> None:
+    """A disk the kernel remounted read-only after errors (or mounted so): every command
+    stopped with an OSError traceback ("Read-only file system")."""
+    from click.testing import CliRunner
+
+    from hookledger.cli import main
+
+    home = read_only_disk / "home"
+    if cluster_made_before:
+        server = EmbeddedPostgres(home)
+        server.start()
+        server.stop()
+    remount(read_only_disk, "ro")
+    for key in list(os.environ):
+        if key.startswith("HOOKLEDGER_"):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("HOOKLEDGER_HOME", str(home))
+    result = CliRunner().invoke(main, ["migrate"])
+    assert result.exit_code == 2, result.output
+    assert isinstance(result.exception, SystemExit)
+    assert "Read-only file system" in result.output and "HOOKLEDGER_HOME" in result.output
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another OS user")
+def test_a_home_in_a_folder_this_user_may_not_write_is_a_message_not_a_traceback(
+        tmp_path: Path) -> None:
+    """HOOKLEDGER_HOME (or the working directory, the default home's) in another user's
+    folder: a PermissionError traceback."""
+    tmp_path.chmod(0o755)
+    outcome = _in_a_child_as("nobody", lambda: EmbeddedPostgres(tmp_path / "home").start())
+    assert outcome.startswith("EmbeddedPostgresError: "), outcome
+    assert "Permission denied" in outcome and "HOOKLEDGER_HOME" in outcome
