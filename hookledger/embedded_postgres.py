@@ -230,6 +230,16 @@ def _runs_in(pid: int, folder: Path) -> bool | None:
     return (cwd.st_dev, cwd.st_ino) == (here.st_dev, here.st_ino)
 
 
+def _ended(pid: int) -> bool:
+    """Whether ``pid`` is a process that has ended and waits to be reaped (a zombie), which
+    signals reach (``kill(pid, 0)`` succeeds) as if it ran; False where it cannot be read."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[:1]
+    except (OSError, IndexError):
+        return False
+    return state == ["Z"]
+
+
 def _first_line(path: Path) -> str | None:
     try:
         return path.read_text(errors="replace").split("\n", 1)[0].strip()
@@ -497,7 +507,10 @@ class EmbeddedPostgres:
         may belong to another process of the server's user by the next start. pg_ctl and
         the server took that process for the server: pg_ctl said it was running, so none was
         started and every command failed to connect, and the last user's stop sent the
-        unrelated process the server's SIGINT. A lock file naming a dead process is left:
+        unrelated process the server's SIGINT. So is one naming a server that ended but
+        was not reaped (a zombie): in a container whose first process is hookledger, which
+        reaps no orphan, a killed server (the OOM killer) could not be started again, and
+        every stop waited a minute on it. A lock file naming a dead process is left:
         pg_ctl and the server see it as stale themselves. PostgreSQL's own guard against a
         second server still holds: old server processes attached to its shared memory
         make the new server refuse to start."""
@@ -506,10 +519,11 @@ class EmbeddedPostgres:
             first = _first_line(lock)
             if not first or not first.isdigit() or not pid_alive(int(first)):
                 continue
-            if _runs_in(int(first), self.data_dir) is False:
+            if _ended(int(first)) or _runs_in(int(first), self.data_dir) is False:
                 lock.unlink(missing_ok=True)
-                print(f"hookledger: removed {lock}, left by an embedded PostgreSQL that is "
-                      f"gone (its pid {first} is another process now)", file=sys.stderr)
+                print(f"hookledger: removed {lock}, left by an embedded PostgreSQL that has "
+                      f"ended (its pid {first} is another process now, or one that ended)",
+                      file=sys.stderr)
 
     def _running(self, binaries: PostgresBinaries) -> bool:
         self._forget_stale_lock_files()

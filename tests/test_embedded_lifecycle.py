@@ -3,8 +3,10 @@ a server running that nobody uses."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -495,3 +497,47 @@ def test_a_home_in_a_folder_this_user_may_not_write_is_a_message_not_a_traceback
     outcome = _in_a_child_as("nobody", lambda: EmbeddedPostgres(tmp_path / "home").start())
     assert outcome.startswith("EmbeddedPostgresError: "), outcome
     assert "Permission denied" in outcome and "HOOKLEDGER_HOME" in outcome
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a Linux process attribute")
+def test_a_server_killed_under_a_process_that_reaps_no_orphans_starts_again(
+        tmp_path: Path) -> None:
+    """In a container whose first process is hookledger (``CMD hookledger serve`` without
+    an init), the server becomes that process's child once pg_ctl exits, and Python reaps
+    no child it did not start. A server killed there (the OOM killer) stayed a zombie,
+    which pg_ctl and the server took for the server running: no command could start it
+    again ("Connection refused"), and each stop waited a minute on it. The test process
+    takes the orphans as that first process does."""
+    import ctypes
+    import signal
+    import time
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_child_subreaper = 36  # <linux/prctl.h>
+    if libc.prctl(pr_set_child_subreaper, 1, 0, 0, 0) != 0:
+        pytest.skip("cannot take orphans here")
+    home = tmp_path / "home"
+    server = EmbeddedPostgres(home)
+    try:
+        server.start()
+        postmaster = int((server.data_dir / "postmaster.pid").read_text().split()[0])
+        os.kill(postmaster, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{postmaster}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        time.sleep(0.5)  # its children see it gone and end too
+
+        started = time.monotonic()
+        url = server.start()
+        with psycopg.connect(url) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+        server.stop()
+        assert time.monotonic() - started < 30
+        assert not postgres_running(home)
+    finally:
+        server.stop()
+        libc.prctl(pr_set_child_subreaper, 0, 0, 0, 0)
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0]:  # the orphans taken
+                pass
