@@ -54,6 +54,7 @@ _UNSAFE_FOR_SERVER = re.compile(r"[',\\\"\x00-\x1f]")
 # /bin/sh in double quotes, where these still mean something
 _UNSAFE_FOR_PG_CTL = re.compile(r'["$`]|\\\\')  # and two backslashes, which it makes one
 _START_TIMEOUT_S = 60
+_USERADD_FALLBACK = "/usr/sbin/useradd"  # root's PATH may lack sbin
 
 # What every embedded server runs with unless ``server_settings`` says otherwise, each from
 # the first major version that has it.
@@ -180,17 +181,23 @@ def _ensure_os_user(name: str) -> None:
         return
     except KeyError:
         pass
-    useradd = shutil.which("useradd") or "/usr/sbin/useradd"
-    result = subprocess.run(
-        [useradd, "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if result.returncode != 0 and not _user_exists(name):
+    useradd = shutil.which("useradd") or _USERADD_FALLBACK
+    try:
+        result = subprocess.run(
+            [useradd, "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        failure = result.stderr.strip() if result.returncode != 0 else ""
+    except OSError as exc:  # no useradd (a busybox or distroless image)
+        failure = f"{useradd}: {exc.strerror or exc}"
+    if failure and not _user_exists(name):
         raise EmbeddedPostgresError(
             f"running as root, the embedded PostgreSQL needs an unprivileged OS user "
-            f"{name!r} and it could not be created: {result.stderr.strip()}"
+            f"{name!r} and useradd could not create it ({failure}): create it, or set "
+            f"HOOKLEDGER_EMBEDDED_OS_USER to an unprivileged user that exists, or run "
+            f"hookledger as a user other than root"
         )
 
 

@@ -541,3 +541,26 @@ def test_a_server_killed_under_a_process_that_reaps_no_orphans_starts_again(
         with contextlib.suppress(ChildProcessError):
             while os.waitpid(-1, os.WNOHANG)[0]:  # the orphans taken
                 pass
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the server's OS user is made under root only")
+def test_root_where_the_server_user_cannot_be_made_is_told_which_setting_to_use(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under root with no useradd (a busybox or distroless image), every command stopped
+    with a FileNotFoundError traceback (then with a message about HOOKLEDGER_HOME, which
+    is not the cause); where useradd failed, the message named no way out."""
+    import shutil
+
+    import hookledger.embedded_postgres as embedded
+
+    which = shutil.which
+    monkeypatch.setattr(embedded.shutil, "which",
+                        lambda name: None if name == "useradd" else which(name))
+    monkeypatch.setattr(embedded, "_USERADD_FALLBACK", str(tmp_path / "no-useradd"))
+    home = tmp_path / "home"
+    with pytest.raises(EmbeddedPostgresError) as refused:
+        EmbeddedPostgres(home, os_user_when_root="hl-never-made").start()
+    message = str(refused.value)
+    assert "'hl-never-made'" in message and "useradd" in message
+    assert "HOOKLEDGER_EMBEDDED_OS_USER" in message
+    assert not postgres_running(home)
