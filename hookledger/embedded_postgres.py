@@ -13,9 +13,10 @@ Design, in the order the problems appear:
   user (``hookledger`` by default, created on first use) and every server command runs as it.
 * **No network**: the server listens on a Unix socket only (no TCP port to collide with or to
   expose); the URL carries the socket directory as ``host``.
-* **Sharing**: every process that uses the server registers its pid under ``users/`` while
-  holding an exclusive ``flock``; the last live user to leave stops the server. A process
-  that died without leaving (``kill -9``) is recognised as dead and does not keep it alive;
+* **Sharing**: every process that uses the server registers its pid (and start time) under
+  ``users/`` while holding an exclusive ``flock``; the last live user to leave stops the
+  server. A process that died without leaving (``kill -9``) is recognised as dead, even once
+  its pid is another process's, and does not keep it alive;
   a server orphaned that way is adopted by the next process.
 * **Signals**: the server runs in its own session, so a Ctrl-C aimed at hookledger's terminal
   does not shut the database down under in-flight appends.
@@ -247,6 +248,15 @@ def _ended(pid: int) -> bool:
     return state == ["Z"]
 
 
+def _started(pid: int) -> str:
+    """When process ``pid`` started (clock ticks since boot): with the pid, it names one
+    process. Empty where it cannot be read (no ``/proc``, as on macOS)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
 def _first_line(path: Path) -> str | None:
     try:
         return path.read_text(errors="replace").split("\n", 1)[0].strip()
@@ -347,7 +357,7 @@ class EmbeddedPostgres:
             # halfway (Ctrl-C, SIGTERM as SystemExit) leaves again, and so stops a server it
             # started that no other live process uses, instead of leaving it running
             joined_before = self._registered  # a repeated start that fails keeps the first
-            (self.users_dir / str(os.getpid())).touch()
+            (self.users_dir / str(os.getpid())).write_text(_started(os.getpid()))
             self._registered = True
             binaries: PostgresBinaries | None = None
             try:
@@ -406,12 +416,21 @@ class EmbeddedPostgres:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
     def _live_users(self) -> list[int]:
+        """The registered processes still running. A registration holds its process's start
+        time: one left by a process killed (or cut off by a power cut) whose pid another
+        process has since was taken for a user, and the last command's stop left the server
+        running for as long as that process lived."""
         live = []
         for entry in self.users_dir.iterdir():
             if not entry.name.isdigit():
                 continue
             pid = int(entry.name)
-            if pid_alive(pid):
+            try:
+                recorded = entry.read_text().strip()
+            except OSError:
+                recorded = ""
+            started = _started(pid)
+            if pid_alive(pid) and (not recorded or not started or recorded == started):
                 live.append(pid)
             else:
                 entry.unlink(missing_ok=True)

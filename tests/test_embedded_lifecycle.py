@@ -564,3 +564,29 @@ def test_root_where_the_server_user_cannot_be_made_is_told_which_setting_to_use(
     assert "'hl-never-made'" in message and "useradd" in message
     assert "HOOKLEDGER_EMBEDDED_OS_USER" in message
     assert not postgres_running(home)
+
+
+def test_a_user_left_by_a_power_cut_whose_pid_is_another_process_now_keeps_nothing_running(
+        tmp_path: Path) -> None:
+    """Each process using the server registers its pid; one killed (or cut off by a power
+    cut) leaves its registration behind, and the pid may be another process's by the next
+    run. That process was taken for a user still there: the last command's stop left the
+    server running, for as long as that unrelated process lived."""
+    import subprocess
+
+    home = tmp_path / "home"
+    server = EmbeddedPostgres(home)
+    server.start()
+    registered = server.users_dir / str(os.getpid())
+    bystander = subprocess.Popen(["sleep", "600"])
+    try:
+        # the registration a killed hookledger left, its pid given to another process since
+        (server.users_dir / str(bystander.pid)).write_text(registered.read_text() or "1")
+        server.stop()
+        assert not postgres_running(home)
+    finally:
+        bystander.kill()
+        bystander.wait()
+        if postgres_running(home):  # left running: stopped once the bystander has gone
+            server.start()
+            server.stop()
