@@ -11,7 +11,9 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import tempfile
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -28,13 +30,26 @@ FAST_TEST_SERVER = {"fsync": "off", "synchronous_commit": "off", "full_page_writ
 OWN_BASETEMP = pytest.StashKey[Path]()
 
 
+def _interrupt_the_run(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt  # pytest then tears the fixtures down, as on Ctrl-C
+
+
+def _stop_the_run_on_sigterm() -> None:
+    """SIGTERM (a CI job's timeout, ``timeout pytest``) as Ctrl-C: its default ended pytest
+    where it stood, and the session's embedded server, never stopped, ran on orphaned."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt_the_run)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Each session's temporary files in a folder of its own, not under pytest's shared
     ``pytest-of-<user>``. The embedded servers' homes live there, and under root a server
     runs as its own OS user, which needs to traverse that folder; every pytest session
     takes the others' bits off the shared one as it starts, so a second session (one test
     file run while the suite runs) cut the first one's servers off their data directories
-    (PANIC, ``Permission denied``, every later test an error). ``--basetemp`` still wins."""
+    (PANIC, ``Permission denied``, every later test an error). ``--basetemp`` still wins.
+    And SIGTERM stops the run as Ctrl-C does."""
+    _stop_the_run_on_sigterm()
     if config.option.basetemp is None and not hasattr(config, "workerinput"):
         _forget_old_sessions(Path(tempfile.gettempdir()))
         folder = Path(tempfile.mkdtemp(prefix="hl-tests-"))
@@ -66,6 +81,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     folder = session.config.stash.get(OWN_BASETEMP, None)
     if folder is not None and exitstatus == 0:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _sigterm_stops_the_run() -> Iterator[None]:
+    """Again after each test: a command run through CliRunner installs its own SIGTERM
+    handler (an exit of the test, not of the run)."""
+    yield
+    _stop_the_run_on_sigterm()
 
 
 @pytest.fixture(autouse=True)

@@ -592,3 +592,49 @@ def test_a_user_left_by_a_power_cut_whose_pid_is_another_process_now_keeps_nothi
         if postgres_running(home):  # left running: stopped once the bystander has gone
             server.start()
             server.stop()
+
+
+def test_a_test_run_stopped_by_sigterm_stops_its_embedded_server(tmp_path: Path) -> None:
+    """A CI job's timeout (or ``timeout pytest``) sends SIGTERM, which ended pytest where it
+    stood: the session's embedded server was never stopped and ran on, orphaned, one more
+    for every run so stopped. Ctrl-C already stopped it."""
+    import signal
+    import subprocess
+    import textwrap
+    import time
+
+    (tmp_path / "conftest.py").write_text("from tests.conftest import *  # noqa: F403\n")
+    (tmp_path / "test_waits.py").write_text(textwrap.dedent('''
+        import time
+        from pathlib import Path
+
+        def test_waits(pg_admin_url):
+            Path("server-up").write_text(pg_admin_url)
+            time.sleep(120)
+        '''))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKLEDGER_")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    base = tmp_path / "base"
+    run = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                            "--basetemp", str(base), "test_waits.py"],
+                           cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT)
+    home = base / "pg-home0"
+    try:
+        deadline = time.monotonic() + 90
+        while not (tmp_path / "server-up").exists():
+            assert run.poll() is None, run.stdout.read().decode() if run.stdout else ""
+            assert time.monotonic() < deadline, "the run's server never came up"
+            time.sleep(0.05)
+        assert postgres_running(home)
+        run.send_signal(signal.SIGTERM)
+        run.wait(timeout=60)
+        assert not postgres_running(home), "the run's embedded server outlived it"
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+        if postgres_running(home):  # adopted and stopped
+            left = EmbeddedPostgres(home)
+            left.start()
+            left.stop()
