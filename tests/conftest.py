@@ -36,9 +36,12 @@ def _interrupt_the_run(_signum: int, _frame: object) -> None:
 
 def _stop_the_run_on_sigterm() -> None:
     """SIGTERM (a CI job's timeout, ``timeout pytest``) as Ctrl-C: its default ended pytest
-    where it stood, and the session's embedded server, never stopped, ran on orphaned."""
+    where it stood, and the session's embedded server, never stopped, ran on orphaned. And
+    Ctrl-C itself as Python has it: a command run in-process may leave it ignored (``serve``
+    ignores both while it stops), and a later test that interrupts itself was not."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _interrupt_the_run)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_configure(config: pytest.Config) -> None:

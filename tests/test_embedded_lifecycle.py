@@ -257,6 +257,7 @@ def test_a_first_start_interrupted_while_the_cluster_is_made_leaves_a_home_that_
     from hookledger.cli import _exit_on_signal
 
     previous = signal.signal(signal.SIGTERM, _exit_on_signal)  # as every command has it
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C's own
     home = tmp_path / "home"
     server = EmbeddedPostgres(home)
 
@@ -276,6 +277,7 @@ def test_a_first_start_interrupted_while_the_cluster_is_made_leaves_a_home_that_
     finally:
         watcher.join()
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
     assert not postgres_running(home)
 
     url = server.start()
