@@ -905,6 +905,66 @@ def test_a_leader_cut_off_while_its_session_lingers_is_replaced_within_seconds(
     assert took < 15
 
 
+def _seconds_to_lead_again(db_url: str, monkeypatch: pytest.MonkeyPatch, held: str,
+                           reference: str) -> float | None:
+    """Seconds from cutting a leader's connection, its thread held inside
+    ``projections.projector.<held>`` while folding a delivery of ``reference``, until a
+    standby has folded it; None when none has within 30 s."""
+    import threading
+
+    from projections import projector as projector_module
+
+    real = getattr(projector_module, held)
+    inside = threading.Event()
+    release = threading.Event()
+    hold = threading.Event()
+
+    def held_once(*args: Any, **kwargs: Any) -> Any:
+        """The leader's thread stops here once ``hold`` is set, until the test has cut its
+        connection."""
+        if hold.is_set() and threading.current_thread().name == "hookledger-projector":
+            hold.clear()
+            inside.set()
+            release.wait(timeout=30)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(projector_module, held, held_once)
+    relay = SocketRelay(db_url)
+    cut_off = ProjectorThread(LiveProjector(relay.url, poll_s=0.2, standby_retry_s=0.2))
+    standby = LiveProjector(db_url, poll_s=0.2, standby_retry_s=0.2)
+
+    async def run() -> float | None:
+        deadline = time.monotonic() + 10
+        while not cut_off.projector.is_leader:
+            assert time.monotonic() < deadline, "the first projector never led"
+            await asyncio.sleep(0.05)
+        task = asyncio.create_task(standby.run())
+        try:
+            hold.set()
+            await append_all(db_url, [new_event("payment.confirmed", 91000,
+                                                reference=reference, amount=100)])
+            assert await asyncio.to_thread(inside.wait, 10), f"the leader never reached {held}"
+            relay.cut_clients()
+            release.set()
+            cut_at = time.monotonic()
+            while time.monotonic() - cut_at < 30:
+                if await folded(db_url, reference):
+                    return time.monotonic() - cut_at
+                await asyncio.sleep(0.2)
+            return None
+        finally:
+            standby.stop()
+            await asyncio.wait_for(task, timeout=10)
+
+    cut_off.start()
+    try:
+        return asyncio.run(run())
+    finally:
+        release.set()
+        cut_off.stop(timeout=10)
+        relay.close()
+
+
 def test_a_leader_cut_off_in_the_middle_of_a_batch_is_replaced_within_seconds(
         db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The blip lands inside a batch's transaction: the server keeps the session idle in
@@ -913,125 +973,21 @@ def test_a_leader_cut_off_in_the_middle_of_a_batch_is_replaced_within_seconds(
     ``idle_session_timeout`` does not end a session inside a transaction, so nothing was
     projected again until the kernel gave up on the socket; now the server ends it within
     seconds and the standby leads and folds."""
-    import threading
-
-    from projections import projector as projector_module
-
-    real_fold = projector_module.fold_touched
-    in_fold = threading.Event()
-    release = threading.Event()
-    hold = threading.Event()
-
-    def fold_held_once(*args: Any, **kwargs: Any) -> Any:
-        """The leader's thread stops in its fold (its transaction open, between
-        statements) once ``hold`` is set, until the test has cut its connection."""
-        if hold.is_set() and threading.current_thread().name == "hookledger-projector":
-            hold.clear()
-            in_fold.set()
-            release.wait(timeout=30)
-        return real_fold(*args, **kwargs)
-
-    monkeypatch.setattr(projector_module, "fold_touched", fold_held_once)
-    relay = SocketRelay(db_url)
-    cut_off = ProjectorThread(LiveProjector(relay.url, poll_s=0.2, standby_retry_s=0.2))
-    standby = LiveProjector(db_url, poll_s=0.2, standby_retry_s=0.2)
-
-    async def run() -> float | None:
-        deadline = time.monotonic() + 10
-        while not cut_off.projector.is_leader:
-            assert time.monotonic() < deadline, "the first projector never led"
-            await asyncio.sleep(0.05)
-        task = asyncio.create_task(standby.run())
-        try:
-            hold.set()
-            await append_all(db_url, [new_event("payment.confirmed", 91000,
-                                                reference="IN-THE-BATCH", amount=100)])
-            assert await asyncio.to_thread(in_fold.wait, 10), "the leader never folded"
-            relay.cut_clients()
-            release.set()
-            cut_at = time.monotonic()
-            while time.monotonic() - cut_at < 30:
-                if await folded(db_url, "IN-THE-BATCH"):
-                    return time.monotonic() - cut_at
-                await asyncio.sleep(0.2)
-            return None
-        finally:
-            standby.stop()
-            await asyncio.wait_for(task, timeout=10)
-
-    cut_off.start()
-    try:
-        took = asyncio.run(run())
-    finally:
-        release.set()
-        cut_off.stop(timeout=10)
-        relay.close()
+    took = _seconds_to_lead_again(db_url, monkeypatch, "fold_touched", "IN-THE-BATCH")
     assert took is not None, "no projector led again while the old session sat in its batch"
     assert took < 15
 
 
 def test_a_leader_cut_off_in_the_middle_of_its_copy_is_replaced_within_seconds(
         db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The blip lands while the batch's rows are being copied in: the server waits for
-    them, its session *active* (``ClientRead``) rather than idle, so no idle bound ends it
-    and it does not act on a ``statement_timeout`` while it waits. It kept the projector
-    lock and the checkpoint rows, and no projector led again until the kernel gave up on
-    the socket (never, behind this relay); now a standby ends that session once it has
-    waited on its client longer than a batch may, and leads."""
-    import threading
-
-    from projections import projector as projector_module
-
-    real_jsonb = projector_module.Jsonb
-    in_copy = threading.Event()
-    release = threading.Event()
-    hold = threading.Event()
-
-    def jsonb_held_once(value: Any) -> Any:
-        """The leader's thread stops while writing its first row into the COPY (the
-        statement sent, the server waiting for the rows) once ``hold`` is set, until the
-        test has cut its connection."""
-        if hold.is_set() and threading.current_thread().name == "hookledger-projector":
-            hold.clear()
-            in_copy.set()
-            release.wait(timeout=30)
-        return real_jsonb(value)
-
-    monkeypatch.setattr(projector_module, "Jsonb", jsonb_held_once)
-    relay = SocketRelay(db_url)
-    cut_off = ProjectorThread(LiveProjector(relay.url, poll_s=0.2, standby_retry_s=0.2))
-    standby = LiveProjector(db_url, poll_s=0.2, standby_retry_s=0.2)
-
-    async def run() -> float | None:
-        deadline = time.monotonic() + 10
-        while not cut_off.projector.is_leader:
-            assert time.monotonic() < deadline, "the first projector never led"
-            await asyncio.sleep(0.05)
-        task = asyncio.create_task(standby.run())
-        try:
-            hold.set()
-            await append_all(db_url, [new_event("payment.confirmed", 91000,
-                                                reference="IN-THE-COPY", amount=100)])
-            assert await asyncio.to_thread(in_copy.wait, 10), "the leader never copied"
-            relay.cut_clients()
-            release.set()
-            cut_at = time.monotonic()
-            while time.monotonic() - cut_at < 30:
-                if await folded(db_url, "IN-THE-COPY"):
-                    return time.monotonic() - cut_at
-                await asyncio.sleep(0.2)
-            return None
-        finally:
-            standby.stop()
-            await asyncio.wait_for(task, timeout=10)
-
-    cut_off.start()
-    try:
-        took = asyncio.run(run())
-    finally:
-        release.set()
-        cut_off.stop(timeout=10)
-        relay.close()
+    """The blip lands while the batch's rows are being copied in (held as the first row's
+    ``Jsonb`` is made: the statement sent, the server waiting for the rows): its session is
+    *active* (``ClientRead``) rather than idle, so no idle bound ends it and it does not act
+    on a ``statement_timeout`` while it waits. It kept the projector lock and the checkpoint
+    rows, and no projector led again until the kernel gave up on the socket (never, behind
+    this relay); now a standby ends that session once it has waited on its client longer
+    than a batch may, and leads."""
+    took = _seconds_to_lead_again(db_url, monkeypatch, "Jsonb", "IN-THE-COPY")
     assert took is not None, "no projector led again while the old session sat in its copy"
     assert took < 15
     assert applied_counts(db_url) == 1  # the stranded batch rolled back: folded once
