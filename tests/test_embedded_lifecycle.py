@@ -17,6 +17,18 @@ from hookledger.embedded_postgres import EmbeddedPostgres, EmbeddedPostgresError
 from tests.test_serve_process import postgres_running
 
 
+def starts_answers_and_stops(server: EmbeddedPostgres) -> str:
+    """Start ``server``, see its database answer, stop it and see it stopped; its URL."""
+    url = server.start()
+    try:
+        with psycopg.connect(url) as conn:
+            assert conn.execute("SELECT current_database()").fetchone() == ("hookledger",)
+    finally:
+        server.stop()
+    assert not postgres_running(server.root.parent)
+    return url
+
+
 @pytest.mark.parametrize("interruption", [KeyboardInterrupt, SystemExit,
                                           EmbeddedPostgresError],
                          ids=["ctrl-c", "sigterm", "a failed step"])
@@ -39,13 +51,7 @@ def test_a_start_that_stops_after_the_server_came_up_stops_the_server(
     assert not list(server.users_dir.iterdir())
 
     monkeypatch.undo()  # the same home starts normally afterwards
-    url = server.start()
-    try:
-        with psycopg.connect(url) as conn:
-            assert conn.execute("SELECT 1").fetchone() == (1,)
-    finally:
-        server.stop()
-    assert not postgres_running(home)
+    starts_answers_and_stops(server)
 
 
 def test_a_repeated_start_that_fails_keeps_the_running_server(
@@ -149,14 +155,8 @@ def test_a_home_whose_path_holds_a_space_or_url_characters_serves(
     server = EmbeddedPostgres(home)
     try:
         assert (server.socket_dir == server.root / "run") is socket_in_home
-        url = server.start()
-        try:
-            assert psycopg.conninfo.conninfo_to_dict(url)["host"] == str(server.socket_dir)
-            with psycopg.connect(url) as conn:
-                assert conn.execute("SELECT 1").fetchone() == (1,)
-        finally:
-            server.stop()
-        assert not postgres_running(home)
+        url = starts_answers_and_stops(server)
+        assert psycopg.conninfo.conninfo_to_dict(url)["host"] == str(server.socket_dir)
     finally:
         shutil.rmtree(top, ignore_errors=True)
 
@@ -194,13 +194,7 @@ def test_a_home_deep_enough_for_the_socket_path_to_reach_its_limit_serves(
                       + "x" * ((socket_bytes - fixed) % width))
         server = EmbeddedPostgres(home)
         assert len(str(server.root / "run" / ".s.PGSQL.5432").encode()) == socket_bytes
-        url = server.start()
-        try:
-            with psycopg.connect(url) as conn:
-                assert conn.execute("SELECT 1").fetchone() == (1,)
-        finally:
-            server.stop()
-        assert not postgres_running(home)
+        starts_answers_and_stops(server)
         assert (server.socket_dir == server.root / "run") is socket_in_home
     finally:
         if not socket_in_home:
@@ -229,13 +223,7 @@ def test_a_lock_file_left_by_a_power_cut_naming_another_live_process_is_stale(
     try:
         for path, text in left.items():  # as the power cut left them, the pid now taken
             path.write_text("\n".join([str(bystander.pid), *text.split("\n")[1:]]))
-        url = server.start()
-        try:
-            with psycopg.connect(url) as conn:
-                assert conn.execute("SELECT 1").fetchone() == (1,)
-        finally:
-            server.stop()
-        assert not postgres_running(home)
+        starts_answers_and_stops(server)
         assert bystander.poll() is None, "the server's stop signalled another process"
     finally:
         bystander.kill()
@@ -279,14 +267,7 @@ def test_a_first_start_interrupted_while_the_cluster_is_made_leaves_a_home_that_
         signal.signal(signal.SIGTERM, previous)
         signal.signal(signal.SIGINT, previous_int)
     assert not postgres_running(home)
-
-    url = server.start()
-    try:
-        with psycopg.connect(url) as conn:
-            assert conn.execute("SELECT current_database()").fetchone() == ("hookledger",)
-    finally:
-        server.stop()
-    assert not postgres_running(home)
+    starts_answers_and_stops(server)
 
 
 def _home_with_its_socket_in_tmp(top: Path) -> Path:
