@@ -34,9 +34,8 @@ class NotMigrated(Exception):
     """The database is not at this release's revision, and the command only reads."""
 
 
-def _revisions(url: str) -> tuple[str | None, str | None]:
-    """The database's current revision and this release's head, read without writing."""
-    head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
+def _current_revision(url: str) -> str | None:
+    """The database's revision (None before any migration), read without writing."""
     engine = create_engine(sqlalchemy_url(url), poolclass=NullPool)
     try:
         with engine.connect() as connection:
@@ -45,7 +44,7 @@ def _revisions(url: str) -> tuple[str | None, str | None]:
             ).get_current_revision()
     finally:
         engine.dispose()
-    return current, head
+    return current
 
 
 def require_head(url: str) -> None:
@@ -54,7 +53,7 @@ def require_head(url: str) -> None:
     first and so failed with a traceback on a standby or for a read-only role (exit 1, the
     code of a tampered ledger), and changed a database they promise to leave alone."""
     scripts = ScriptDirectory.from_config(alembic_config(url))
-    current, head = _revisions(url)
+    head, current = scripts.get_current_head(), _current_revision(url)
     if current == head:
         return
     if current is not None:
@@ -78,8 +77,9 @@ def upgrade(url: str, revision: str = "head") -> None:
     every other command stopped with a traceback on a replica or for a read-only session,
     though nothing was there to migrate."""
     if revision == "head":
-        current, head = _revisions(url)
-        if current is not None and current == head:
+        current = _current_revision(url)
+        scripts = ScriptDirectory.from_config(alembic_config(url))
+        if current is not None and current == scripts.get_current_head():
             return
     try:
         command.upgrade(alembic_config(url), revision)
