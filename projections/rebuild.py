@@ -82,16 +82,19 @@ async def head_position(conn: Connection) -> int:
 
 async def _replay(conn: Connection, reader: Connection, *, schema: str,
                   until: Mapping[str, int] | None, batch_size: int, buffer_rows: int,
-                  progress: Progress | None) -> tuple[int, int, list[Finding]]:
+                  progress: Progress | None, last: int | None = None
+                  ) -> tuple[int, int, list[Finding]]:
     """Replay the ledger into empty tables of ``schema`` (the caller emptied them), each
-    projection up to its position in ``until`` (its live checkpoint), or all of it.
+    projection up to its position in ``until`` (its live checkpoint), or all of it up to
+    position ``last`` (every position when ``None``).
 
     ``reader`` reads the ledger one batch ahead while ``conn`` folds and writes the current
     one, so the server's work on a read overlaps the folding. A second connection sees the
     same events: the ledger only grows, and only in position order.
     """
     position, count = 0, 0
-    last = max(until.values(), default=0) if until is not None else 0
+    if until is not None:
+        last = max(until.values(), default=0)
     findings: list[Finding] = []
     buffer = ReplayBuffer(buffer_rows)
     with collector_paused():
@@ -99,7 +102,7 @@ async def _replay(conn: Connection, reader: Connection, *, schema: str,
         try:
             while True:
                 events = await ahead
-                if until is not None:
+                if last is not None:
                     events = [e for e in events if e.position <= last]
                 if not events:
                     break
@@ -148,15 +151,19 @@ async def rebuild(url: str, *, batch_size: int = 5000, buffer_rows: int = BUFFER
     bound = IDLE_IN_TRANSACTION_S + batch_size * FOLD_ALLOWANCE_S_PER_EVENT
     async with await connect(url, idle_in_transaction_s=bound) as conn, \
             await connect(url) as reader:
-        head = await head_position(conn)
         async with conn.transaction():
             await lock_checkpoint(conn)
+            # the ledger as far as it was committed once the live projector stopped: reading
+            # on to its end took as long again as ingest kept appending (near a rebuild's own
+            # rate, for ever), with the views stopped all that while; the live projector
+            # folds what came after once this commits
+            head = await head_position(conn)
             for projection in PROJECTIONS:
                 await conn.execute(sql.SQL("DELETE FROM {}").format(
                     sql.Identifier(PRIVATE_SCHEMA, projection.table)))
             position, count, findings = await _replay(
                 conn, reader, schema=PRIVATE_SCHEMA, until=None, batch_size=batch_size,
-                buffer_rows=buffer_rows, progress=progress)
+                buffer_rows=buffer_rows, progress=progress, last=head)
             await move_checkpoint(conn, position)
             if findings:  # already in the ledger unless the rules changed: dedupe decides
                 now = datetime.now(UTC)

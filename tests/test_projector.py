@@ -7,6 +7,7 @@ import dataclasses
 import random
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -1176,3 +1177,37 @@ def test_rebuilds_while_deliveries_arrive_and_the_leader_projects_skip_and_doubl
     assert asyncio.run(verify(db_url)).identical
     asyncio.run(rebuild(db_url))
     assert snapshot(db_url) == live
+
+
+
+def test_a_rebuild_folds_up_to_the_head_it_saw_and_leaves_later_events_to_the_projector(
+        db_url: str) -> None:
+    """Events appended while a rebuild replays (as ingest keeps appending) are not read by
+    it: it stops at the ledger's head once the live projector waited, so that steady
+    ingest cannot keep the views stopped for ever; the projector folds them after it."""
+    before, during = mixed_events(60, seed=3, prefix="b-"), mixed_events(30, seed=4, prefix="d-")
+    asyncio.run(append_all(db_url, before))
+    with psycopg.connect(db_url) as conn:
+        head = conn.execute("SELECT max(position) FROM hookledger.ledger").fetchone()
+    appended: list[int] = []
+
+    def progress(_position: int) -> None:
+        """Between two of the rebuild's batches, others append (on a loop of their own)."""
+        if not appended:
+            appended.append(len(during))
+            worker = threading.Thread(target=asyncio.run, args=(append_all(db_url, during),))
+            worker.start()
+            worker.join()
+
+    result = asyncio.run(rebuild(db_url, batch_size=10, progress=progress))
+    assert appended and head is not None
+    assert (result.events, result.head) == (len(before), head[0])
+    with psycopg.connect(db_url) as conn:
+        positions = conn.execute("SELECT DISTINCT position FROM "
+                                 "hookledger_private.projection_checkpoints").fetchall()
+    assert positions == [head]
+    asyncio.run(project_all(db_url))
+    live = snapshot(db_url)
+    asyncio.run(rebuild(db_url))
+    assert snapshot(db_url) == live
+    assert applied_counts(db_url) == expected_applications([*before, *during])
