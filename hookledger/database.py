@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from urllib.parse import unquote
+from urllib.parse import unquote, urlencode
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
 
 from hookledger.embedded_postgres import EmbeddedPostgres
 from hookledger.settings import Settings
@@ -39,6 +42,34 @@ def without_password(message: str, url: str | None) -> str:
     return message
 
 
+# libpq's own names; probes after 30 s of silence, 10 s apart, 3 unanswered end it
+DEAD_PEER_SETTINGS = {"keepalives": "1", "keepalives_idle": "30",
+                      "keepalives_interval": "10", "keepalives_count": "3"}
+UNACKNOWLEDGED_MS = "60000"  # libpq's tcp_user_timeout (libpq 12 or newer)
+
+
+def with_dead_peer_detection(url: str) -> str:
+    """``url`` with TCP keepalives and a bound on unacknowledged data, each only where the
+    URL does not set it already (ignored on a Unix socket).
+
+    Without them a connection whose peer vanished (a failover, a NAT or firewall dropping
+    the flow, a blip that loses the FIN) looked alive to the client for as long as the
+    kernel's defaults allow: about two hours idle, and some fifteen minutes with a
+    statement unacknowledged. A projector with no standby sat that long waiting for a
+    batch's answer and projected nothing, and a reconciliation pass or a command hung as
+    long. With them its client sees the connection fail within about a minute and opens
+    a new one; the server ends the session it left behind (``projections.live``).
+    """
+    wanted = dict(DEAD_PEER_SETTINGS)
+    if psycopg.pq.version() >= 120000:
+        wanted["tcp_user_timeout"] = UNACKNOWLEDGED_MS
+    given = conninfo_to_dict(url)
+    missing = {name: value for name, value in wanted.items() if name not in given}
+    if not missing:
+        return url
+    return url + ("&" if "?" in url else "?") + urlencode(missing)
+
+
 def sqlalchemy_url(url: str) -> str:
     """The URL as SQLAlchemy wants it, pinned to psycopg 3."""
     return "postgresql+psycopg://" + libpq_url(url)[len("postgresql://"):]
@@ -48,7 +79,7 @@ def sqlalchemy_url(url: str) -> str:
 def database(settings: Settings) -> Iterator[str]:
     """Yield the libpq URL to use; an embedded server lives exactly as long as the block."""
     if settings.database_url:
-        yield libpq_url(settings.database_url)
+        yield with_dead_peer_detection(libpq_url(settings.database_url))
         return
     embedded = EmbeddedPostgres(settings.home, os_user_when_root=settings.embedded_os_user)
     url = embedded.start()

@@ -80,3 +80,50 @@ class SocketRelay:
         self._listener.close()
         for connection in (*self._clients, *self._servers):
             connection.close()
+
+
+class TcpRelay:
+    """A TCP listener on the loopback passing bytes to and from the test server (on its
+    Unix socket or its own TCP port): what a client's socket options are read on."""
+
+    def __init__(self, url: str) -> None:
+        params = conninfo_to_dict(url)
+        host = str(params.get("host") or "/var/run/postgresql")
+        port = int(params.get("port") or 5432)
+        self._upstream: tuple[int, Any] = (
+            (socket.AF_UNIX, f"{host}/.s.PGSQL.{port}") if host.startswith("/")
+            else (socket.AF_INET, (host, port)))
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen()
+        self._open: list[socket.socket] = []
+        user = quote(str(params.get("user") or ""), safe="")
+        dbname = quote(str(params.get("dbname") or ""), safe="")
+        self.postgresql_url = f"postgresql://{user}@127.0.0.1:{self._listener.getsockname()[1]}/{dbname}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.socket(self._upstream[0], socket.SOCK_STREAM)
+            server.connect(self._upstream[1])
+            self._open += [client, server]
+            for source, target in ((client, server), (server, client)):
+                threading.Thread(target=_pass_on, args=(source, target), daemon=True).start()
+
+    def close(self) -> None:
+        self._listener.close()
+        for connection in self._open:
+            connection.close()
+
+
+def _pass_on(source: socket.socket, target: socket.socket) -> None:
+    try:
+        while data := source.recv(65536):
+            target.sendall(data)
+        target.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
