@@ -329,8 +329,9 @@ class WebhookFastPath:
     routes are the same (``{param}`` is one non-empty path segment, as Starlette matches
     it), and so is the behaviour on a bug: logged, answered 500. Every other POST path
     under a webhook prefix goes to that endpoint too (see :func:`_one_segment`): Starlette
-    answered it with an unrecorded 404 or 307, and the general system never sends a
-    delivery again. Other methods, lifespan and every other route go through Starlette.
+    answered it, and the prefix itself without its slash, with an unrecorded 404 or 307,
+    and the general system never sends a delivery again. Other methods, lifespan and every
+    other route go through Starlette.
     """
 
     def __init__(self, app: Starlette) -> None:
@@ -341,7 +342,10 @@ class WebhookFastPath:
         if scope["type"] == "http" and scope["method"] == "POST":
             path: str = scope["path"]
             for prefix, param, name in WEBHOOK_ROUTES:
-                if path.startswith(prefix):
+                # the prefix without its slash too: a provider set up with the bare
+                # ``/webhooks/general`` got Starlette's unrecorded 404, and every delivery
+                # it sent there was lost without a trace
+                if path.startswith(prefix) or path == prefix[:-1]:
                     value = path[len(prefix):]
                     endpoint = getattr(self.app.state, name, None)
                     if endpoint is None:  # not started

@@ -262,6 +262,21 @@ def test_a_path_under_the_prefix_that_names_no_endpoint_is_refused_and_recorded(
     assert (got_endpoint, reason, bytes(prefix)) == (endpoint, "unknown_endpoint", raw)
 
 
+
+def test_the_prefix_without_its_slash_is_refused_and_recorded(service: str,
+                                                              db_url: str) -> None:
+    """A provider set up with ``/webhooks/general`` and no name: once Starlette's 404, kept
+    nowhere; now the unknown-name refusal, with the body that names what was lost."""
+    raw = encode(general_body("payment.confirmed", 91000, reference="R-BARE"))
+    answer = httpx.post(f"{service}/webhooks/general", content=raw, timeout=10, headers={
+        "x-service-signature": general_header(SECRETS["primary"], raw)})
+    assert answer.status_code == 401
+    assert answer.json() == {"status": "refused", "reason": "unknown_endpoint"}
+    [(endpoint, reason, prefix)] = rows(
+        db_url, "SELECT endpoint, reason, body_prefix FROM hookledger.rejected_deliveries")
+    assert (endpoint, reason, bytes(prefix)) == ("general/", "unknown_endpoint", raw)
+    assert httpx.get(f"{service}/webhooks/general").status_code == 404
+
 def test_no_route_redirects_a_trailing_slash(service: str) -> None:
     for path in ("/healthz", "/readyz", "/metrics"):
         assert httpx.get(f"{service}{path}").status_code == 200
