@@ -285,6 +285,18 @@ def test_a_path_under_the_prefix_that_names_no_number_is_refused_and_recorded(
         (f"chat/{path}", "unknown_phone_number")]
 
 
+
+def test_the_bare_prefix_is_refused_and_recorded(service: str, db_url: str) -> None:
+    """``/webhooks/chat`` with no number: once Starlette's 404, kept nowhere."""
+    raw = encode(inbound())
+    answer = httpx.post(f"{service}/webhooks/chat", content=raw, timeout=10, headers={
+        "x-service-signature": chat_header(SECRETS[PHONE], raw, int(time.time())),
+        "x-service-delivery-id": "dlv-bare"})
+    assert answer.status_code == 401
+    assert answer.json() == {"status": "refused", "reason": "unknown_phone_number"}
+    assert rows(db_url, "SELECT endpoint, reason FROM hookledger.rejected_deliveries") == [
+        ("chat/", "unknown_phone_number")]
+
 def test_a_known_type_with_unreadable_fields_is_kept_flagged_and_reported(
         service: str, db_url: str) -> None:
     """The platform would send it five times and then give up: it is kept, once."""
