@@ -80,6 +80,15 @@ def test_an_untouched_ledger_verifies_and_an_edited_event_is_named(db_url: str) 
     assert caught.returncode == 1 and "position 17" in caught.stdout
 
 
+def test_verify_on_an_empty_ledger_says_it_is_empty_and_exits_0(db_url: str) -> None:
+    """No event, so no head hash: it printed ``head hash`` followed by nothing, which read
+    as a hash gone missing (and a blank is no value to keep elsewhere and compare)."""
+    empty = verify_command(db_url)
+    assert empty.returncode == 0, empty.stderr
+    assert empty.stdout.strip().splitlines()[-1] == ("ledger empty: no events to check "
+                                                      "(no head hash yet)")
+
+
 def test_an_edit_is_named_though_the_digest_function_was_replaced_to_hide_it(
         db_url: str) -> None:
     """The rights that switch the trigger off also replace ``ledger_event_digest``: one
