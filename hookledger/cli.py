@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import sys
 import time
 import tomllib
@@ -270,7 +271,8 @@ def _serve_workers(settings: Settings, url: str, started: float) -> None:
         sock = config.bind_socket()  # uvicorn logs why and exits when it cannot
     except SystemExit:
         _fail(f"could not listen on {settings.host}:{settings.port}")
-    log.info("service.workers", workers=settings.workers,
+    host, port = _bound_address(sock)
+    log.info("service.workers", workers=settings.workers, host=host, port=port,
              seconds=round(time.perf_counter() - started, 3))
     # the workers only answer; folding runs here, beside the supervisor, off their loops
     projector = (ProjectorThread(live_projector(settings, url, projector_name))
@@ -293,6 +295,13 @@ def _serve_workers(settings: Settings, url: str, started: float) -> None:
     if any(worker.exitcode == STARTUP_FAILURE for worker in supervisor.processes):
         # uvicorn stops every worker when one cannot start; that is no clean stop
         _fail("an HTTP worker could not start (its error is logged above)")
+
+
+def _bound_address(sock: socket.socket) -> tuple[str, int]:
+    """The host and port the socket listens on, as the kernel has them: with
+    ``HOOKLEDGER_PORT=0`` the kernel picks the port, and only the socket knows it."""
+    address = sock.getsockname()  # (host, port), or (host, port, flow, scope) for IPv6
+    return str(address[0]), int(address[1])
 
 
 @main.command()

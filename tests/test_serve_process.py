@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import select
 import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psycopg
@@ -32,7 +36,8 @@ def hookledger(home: Path, *args: str, port: int | None = None, workers: int = 1
                **popen: object) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKLEDGER_")}
     env.update(HOOKLEDGER_HOME=str(home), HOOKLEDGER_GENERAL_SECRETS="main=proc-secret",
-               HOOKLEDGER_PORT=str(port or free_port()), HOOKLEDGER_LOG_FORMAT="json",
+               HOOKLEDGER_PORT=str(free_port() if port is None else port),
+               HOOKLEDGER_LOG_FORMAT="json",
                HOOKLEDGER_WORKERS=str(workers), **(settings or {}))
     return subprocess.Popen([sys.executable, "-m", "hookledger", *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)  # type: ignore[call-overload]
@@ -307,3 +312,36 @@ def test_a_chat_number_or_secret_the_store_refuses_is_a_configuration_error(
     assert result.returncode == 2
     assert "HOOKLEDGER_CHAT_SECRETS" in result.stderr
     assert "s3cret" not in result.stderr + result.stdout
+
+
+def test_a_port_the_kernel_picks_is_named_in_the_log(db_url: str, tmp_path: Path) -> None:
+    """``HOOKLEDGER_PORT=0`` listens where the kernel says, and no line said where: the
+    start-up line names the address bound, so that the service can be reached."""
+    proc = hookledger(tmp_path / "home", "serve", port=0,
+                      settings={"HOOKLEDGER_DATABASE_URL": db_url})
+    try:
+        line = _log_line(proc, "service.workers")
+        assert line["host"] == "127.0.0.1" and isinstance(line["port"], int), line
+        assert line["port"] != 0
+        wait_ready(line["port"], proc)
+    finally:
+        code = stop(proc)
+    assert code == 0
+
+
+def _log_line(proc: subprocess.Popen[bytes], event: str, timeout: float = 60) -> dict[str, Any]:
+    """The first JSON log line of ``event`` on ``proc``'s standard error."""
+    assert proc.stderr is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stderr], [], [], 0.5)
+        if not ready:
+            continue
+        raw = proc.stderr.readline()
+        if not raw:
+            raise AssertionError(f"exited before logging {event}")
+        with contextlib.suppress(ValueError):
+            line = json.loads(raw)
+            if isinstance(line, dict) and line.get("event") == event:
+                return line
+    raise AssertionError(f"no {event} line in time")
