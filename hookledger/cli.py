@@ -493,8 +493,9 @@ def db_url() -> None:
         click.echo(libpq_url(settings.database_url))  # as psql takes it, without +psycopg
         return
     embedded = EmbeddedPostgres(settings.home, os_user_when_root=settings.embedded_os_user)
+    running = embedded.socket_present()  # a home of another user's is a message, exit 2
     click.echo(embedded.url())
-    if not (embedded.socket_dir / ".s.PGSQL.5432").exists():
+    if not running:
         click.echo("note: the embedded server is not running now; it runs while "
                    "'hookledger serve' does", err=True)
 

@@ -327,6 +327,24 @@ class EmbeddedPostgres:
         host = quote(str(self.socket_dir), safe="/")
         return f"postgresql://{SUPERUSER}@/{database}?host={host}&port={_PORT}"
 
+    def socket_present(self) -> bool:
+        """Whether the server's socket is there, as it is while a server runs. A socket
+        folder this user may not search (a home made by root keeps it closed to all but
+        the server's user) is an :class:`EmbeddedPostgresError` naming it, as
+        :meth:`start`'s are: ``hookledger db url`` stopped with a PermissionError
+        traceback."""
+        try:
+            return (self.socket_dir / _SOCKET_FILE).exists()
+        except OSError as exc:
+            owner = ""
+            with contextlib.suppress(OSError):
+                owner = f" ({_user_name(self.root.stat().st_uid)!r})"
+            raise EmbeddedPostgresError(
+                f"the embedded PostgreSQL's socket folder {self.socket_dir} cannot be read "
+                f"by this user: {exc.strerror or exc}. Run hookledger as the user who made "
+                f"this home{owner}, or set HOOKLEDGER_HOME to a folder of this user's, or "
+                f"HOOKLEDGER_DATABASE_URL to a server of your own") from exc
+
     def start(self) -> str:
         """Start (or join) the server and return the URL of the ``hookledger`` database.
 

@@ -640,3 +640,63 @@ def test_a_test_run_stopped_by_sigterm_stops_its_embedded_server(tmp_path: Path)
             left = EmbeddedPostgres(home)
             left.start()
             left.stop()
+
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another OS user")
+def test_db_url_on_a_home_root_made_is_a_message_for_another_user(tmp_path: Path) -> None:
+    """A home first run as root keeps its socket folder closed to others: ``hookledger db
+    url`` run by another user stopped with a PermissionError traceback, where the other
+    commands name the cause in a line. (Run in a forked child: this Python may be one
+    only root can start, under /root.)"""
+    home = tmp_path / "home"
+    server = EmbeddedPostgres(home)
+    server.start()
+    server.stop()
+    code, out, err = _command_in_a_child_as("nobody", ["db", "url"], home)
+    assert code == 2, err
+    assert "Traceback" not in err and out == ""
+    message = err.strip()
+    assert "\n" not in message and message.startswith("hookledger: ")
+    assert "Permission denied" in message and str(server.socket_dir) in message
+    assert "HOOKLEDGER_HOME" in message
+
+
+def _command_in_a_child_as(user: str, args: list[str],
+                           home: Path) -> tuple[int, str, str]:
+    """A command's exit code, standard output and error (a traceback when it raised), run
+    on ``home`` in a child process that has become ``user``."""
+    import pickle
+    import pwd
+    import traceback
+
+    from click.testing import CliRunner
+
+    from hookledger.cli import main
+
+    entry = pwd.getpwnam(user)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.setgroups([])
+            os.setgid(entry.pw_gid)
+            os.setuid(entry.pw_uid)
+            os.chdir("/")  # no hookledger.toml of the working directory's
+            env: dict[str, str | None] = {k: None for k in os.environ
+                                          if k.startswith("HOOKLEDGER_")}
+            result = CliRunner().invoke(main, args, env={**env, "HOOKLEDGER_HOME": str(home)})
+            err = result.stderr
+            if result.exception is not None and not isinstance(result.exception, SystemExit):
+                err += "".join(traceback.format_exception(result.exception))
+            outcome = (result.exit_code, result.stdout, err)
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent
+            outcome = (-1, "", f"{type(exc).__name__}: {exc}")
+        os.write(write, pickle.dumps(outcome))
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        data = pipe.read()
+    os.waitpid(pid, 0)
+    code, out, err = pickle.loads(data)
+    return int(code), str(out), str(err)
