@@ -18,6 +18,7 @@ import pytest
 from psycopg import sql as pg_sql
 from sqlalchemy.exc import DBAPIError
 
+import ledger.chain
 import ledger.store
 from hookledger import migrate
 from ledger.chain import check_chain
@@ -448,3 +449,91 @@ def test_a_role_that_may_create_in_public_cannot_reach_the_ledger_through_the_ap
         with psycopg.connect(db_url, autocommit=True) as conn:
             conn.execute(pg_sql.SQL("DROP OWNED BY {0}; DROP ROLE {0}").format(
                 pg_sql.Identifier(role)))
+
+
+def _digests(url: str, query: str) -> list[tuple[int, bytes]]:
+    with psycopg.connect(url) as conn:
+        return [(p, bytes(d)) for p, d in conn.execute(query).fetchall()]
+
+
+FUNCTION_DIGESTS = ("SELECT position, hookledger_private.ledger_event_digest(e) "
+                    "FROM hookledger_private.ledger_events e ORDER BY position")
+VERIFY_DIGESTS = ledger.chain.CHAIN_QUERY.replace("position, chain_hash,", "position,")
+
+
+def test_the_digest_function_runs_no_function_of_another_role(db_url: str) -> None:
+    """``ledger_event_digest`` named ``convert_to``, ``sha256``, ``round``, ``*`` and ``||``
+    bare, as the append trigger did before 0014: a ``convert_to(text, text)`` that a role
+    may create in ``public`` was preferred to PostgreSQL's own for a quoted literal, and
+    ran with the rights of whoever called the documented function."""
+    append(db_url, 3, "DF")
+    role = f"hl_tenant_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(pg_sql.SQL("CREATE ROLE {0} NOLOGIN; GRANT CREATE ON SCHEMA public "
+                                "TO {0}").format(pg_sql.Identifier(role)))
+    try:
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            conn.execute(pg_sql.SQL("SET ROLE {}").format(pg_sql.Identifier(role)))
+            conn.execute("CREATE FUNCTION public.convert_to(text, text) RETURNS bytea "
+                         "LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'hijacked'; END $$")
+            conn.execute("CREATE FUNCTION public.times(numeric, integer) RETURNS numeric "
+                         "LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'hijacked'; END $$")
+            conn.execute("CREATE OPERATOR public.* (LEFTARG = numeric, RIGHTARG = integer, "
+                         "FUNCTION = public.times)")
+        found = _digests(db_url, FUNCTION_DIGESTS)  # the search path: "$user", public
+        assert found == _pinned_digests(db_url) and len(found) == 3
+    finally:
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            conn.execute(pg_sql.SQL("DROP OWNED BY {0}; DROP ROLE {0}").format(
+                pg_sql.Identifier(role)))
+
+
+def _pinned_digests(url: str) -> list[tuple[int, bytes]]:
+    """Verify's digests: its own expression, PostgreSQL's functions only."""
+    with psycopg.connect(url) as conn:
+        conn.execute("SET search_path TO pg_catalog")
+        return [(p, bytes(d)) for p, d in conn.execute(VERIFY_DIGESTS).fetchall()]
+
+
+def test_migration_0016_qualifies_the_digest_function_and_keeps_every_digest(
+        empty_db_url: str) -> None:
+    """0016 re-creates ``ledger_event_digest`` with its names in ``pg_catalog``: every
+    digest, of every kind of row, must be the same bytes before and after (and after its
+    downgrade), and verify's; the downgrade puts 0010's function back as it was."""
+    after = importlib.import_module("migrations.versions.0016_digest_function_qualified")
+    template = importlib.import_module("migrations.versions.0010_chain_digest_inline")
+    called = set(re.findall(r"(?<!pg_catalog\.)\b(\w+)\(", after.DIGEST_OF_E))
+    assert called <= {"coalesce", "extract", "OPERATOR"}
+    bare = re.sub(r"OPERATOR\(pg_catalog\.(\S+?)\)", r"\1", after.DIGEST_OF_E)
+    assert bare.replace("pg_catalog.", "") == template.digest_of("e")
+
+    migrate.upgrade(empty_db_url, "0015")
+    delivery = new_event("payment.confirmed", 91000, reference="Q-1", amount=1000)
+    rows = [delivery,
+            replace(delivery, dedupe_key="own", raw_body=None, occurred_at=None, headers={},
+                    facts={}, payload_json='{"kind": "reconcile", "n": 1.50}'),
+            replace(delivery, dedupe_key="headers", endpoint="general/main",
+                    verified_by="main", headers={"user-agent": "t\u00e9"})]
+
+    async def run() -> None:
+        async with await psycopg.AsyncConnection.connect(empty_db_url, autocommit=True) as c:
+            await append_in(c, rows)
+    asyncio.run(run())
+
+    def source() -> str:
+        with psycopg.connect(empty_db_url) as conn:
+            row = conn.execute("SELECT prosrc FROM pg_proc "
+                               "WHERE proname = 'ledger_event_digest'").fetchone()
+        assert row is not None
+        return str(row[0])
+
+    before, source_before = _digests(empty_db_url, FUNCTION_DIGESTS), source()
+    assert before == _pinned_digests(empty_db_url) and len(before) == 3
+    migrate.upgrade(empty_db_url)
+    assert "pg_catalog.convert_to(" in source()
+    assert _digests(empty_db_url, FUNCTION_DIGESTS) == before
+    migrate.downgrade(empty_db_url, "0015")
+    assert source() == source_before
+    assert _digests(empty_db_url, FUNCTION_DIGESTS) == before
+    migrate.upgrade(empty_db_url)
+    assert check(empty_db_url).intact  # type: ignore[attr-defined]
