@@ -213,14 +213,20 @@ class LiveProjector:
         """Return on the next NOTIFY, after ``poll_s``, or at once when stopped.
 
         psycopg keeps notifications that arrive while a batch runs and hands them over
-        here at once, so a commit during a batch is never waited for.
+        here at once, so a commit during a batch is never waited for. A connection lost
+        while waiting is raised here, as in a batch: the session ends and :meth:`run`
+        reconnects. (Left in its task unread, asyncio logged it as "Task exception was
+        never retrieved", with a traceback, at every cut.)
         """
         waiter = asyncio.ensure_future(self._next_notify(conn))
         stopper = asyncio.ensure_future(self._stop.wait())
-        _, pending = await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        done, pending = await asyncio.wait({waiter, stopper},
+                                           return_when=asyncio.FIRST_COMPLETED)
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
+        for task in done:
+            task.result()
 
     async def _next_notify(self, conn: psycopg.AsyncConnection[Any]) -> None:
         async for _ in conn.notifies(timeout=self._poll_s, stop_after=1):

@@ -1,0 +1,69 @@
+"""The live projector's runtime on a real database: a cut session, a read-only database,
+a wait behind a rebuild, and ``hookledger project``'s stop while the database is silent."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+from typing import Any
+
+import psycopg
+
+from projections.live import LiveProjector
+from tests.projection_events import new_event
+from tests.test_projector import append_all, folded
+
+
+async def until(condition: Any, seconds: float, what: str) -> None:
+    """Return once ``condition()`` (sync or async) is true; fail after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        answer = condition()
+        if asyncio.iscoroutine(answer):
+            answer = await answer
+        if answer:
+            return
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.05)
+
+
+async def terminate_sessions_of(url: str, name: str) -> int:
+    """End, as the server does, every session whose ``application_name`` is ``name``."""
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        cur = await conn.execute("SELECT count(pg_terminate_backend(pid)) FROM "
+                                 "pg_stat_activity WHERE application_name = %s", (name,))
+        row = await cur.fetchone()
+        return int(row[0]) if row else 0
+
+
+def test_a_leader_whose_session_the_server_ends_leaves_no_task_exception_unretrieved(
+        db_url: str) -> None:
+    """The server ends the leader's session while it waits for a notification: its waiting
+    task failed and nobody looked at the failure, so asyncio logged "Task exception was
+    never retrieved" (with the driver's traceback) each time; the projector went on. Now
+    the failure is the leader's own: it reconnects, leads and folds again, and asyncio has
+    nothing to report."""
+    projector = LiveProjector(db_url, poll_s=0.5, standby_retry_s=0.1)
+    reported: list[dict[str, Any]] = []
+
+    async def run() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda _loop, c: reported.append(c))
+        task = asyncio.create_task(projector.run())
+        try:
+            await until(lambda: projector.is_leader, 10, "the projector never led")
+            await asyncio.sleep(0.3)  # waiting for news
+            assert await terminate_sessions_of(db_url, projector.name) == 1
+            await until(lambda: not projector.is_leader, 10, "the cut went unnoticed")
+            await until(lambda: projector.is_leader, 10, "the projector never led again")
+            await append_all(db_url, [new_event("payment.confirmed", 91000,
+                                                reference="AFTER-CUT", amount=100)])
+            await until(lambda: folded(db_url, "AFTER-CUT"), 10, "nothing folded again")
+            gc.collect()  # a task nobody holds is reported when it is collected
+            await asyncio.sleep(0)
+        finally:
+            projector.stop()
+            await asyncio.wait_for(task, timeout=10)
+
+    asyncio.run(run())
+    assert reported == []
