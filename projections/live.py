@@ -86,6 +86,13 @@ def stranded_leader_query(after_s: float) -> tuple[str, dict[str, object]]:
 log = structlog.get_logger("hookledger.projector")
 
 
+async def takes_no_writes(conn: psycopg.AsyncConnection[Any]) -> bool:
+    """Whether this session's transactions are read-only: a hot standby, or sessions read
+    only by default (``default_transaction_read_only`` of the database, role or server)."""
+    cur = await conn.execute("SHOW transaction_read_only")
+    return bool((await cur.fetchone() or ("off",))[0] == "on")
+
+
 def idle_limit_s(*, poll_s: float, standby_retry_s: float, coalesce_s: float) -> float:
     """How long a projector's session may sit idle before the server ends it: several
     times the longest a working one ever waits between statements (a leader polls every
@@ -136,6 +143,7 @@ class LiveProjector:
         self.is_leader = False
         self.applied = 0
         self._may_not_end_sessions = False
+        self._read_only = False  # the database took no writes when last asked
 
     def stop(self) -> None:
         self._stop.set()
@@ -147,6 +155,8 @@ class LiveProjector:
                 await self._session()
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 log.warning("projector.disconnected", error=type(exc).__name__)
+            except psycopg.errors.ReadOnlySqlTransaction:  # turned read-only since asked
+                self._note_read_only()
             except Exception:  # a bug in one batch must not end projecting
                 log.exception("projector.failed")
             finally:
@@ -156,6 +166,12 @@ class LiveProjector:
     async def _session(self) -> None:
         async with await connect(self._url, application_name=self.name) as conn:
             await end_when_idle(conn, self._idle_limit_s, self._idle_in_batch_limit_s)
+            if await takes_no_writes(conn):
+                self._note_read_only()
+                return  # asked again after standby_retry_s, on a new session
+            if self._read_only:
+                self._read_only = False
+                log.info("projector.database_writable")
             while not self._stop.is_set():
                 cur = await conn.execute("SELECT pg_try_advisory_lock(%s)",
                                          (PROJECTOR_LOCK_KEY,))
@@ -189,6 +205,19 @@ class LiveProjector:
                     await self._wait_for_news(conn)
                     if self._coalesce_s:
                         await self._sleep(self._coalesce_s)
+
+    def _note_read_only(self) -> None:
+        """Say once that the database takes no writes, without a traceback: it is a state
+        (a standby, a database set read-only for maintenance), not a failure, and lasts.
+        Every retry logged ``projector.leading`` and ``projector.failed`` with a traceback,
+        every ``standby_retry_s`` for as long as it lasted. ``projector.database_writable``
+        says when it ends."""
+        if not self._read_only:
+            self._read_only = True
+            log.warning("projector.database_read_only",
+                        reason="the database takes no writes (a standby, or sessions read "
+                               "only by default); projecting resumes when it does",
+                        retry_s=self._standby_retry_s)
 
     async def _end_stranded_leader(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """As a standby, end a leader's session stranded on its client mid-statement

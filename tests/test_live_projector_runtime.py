@@ -9,8 +9,10 @@ import time
 from typing import Any
 
 import psycopg
+from structlog.testing import capture_logs
 
 from projections.live import LiveProjector
+from tests.dbutil import database_read_only
 from tests.projection_events import new_event
 from tests.test_projector import append_all, folded
 
@@ -67,3 +69,40 @@ def test_a_leader_whose_session_the_server_ends_leaves_no_task_exception_unretri
 
     asyncio.run(run())
     assert reported == []
+
+
+def test_a_read_only_database_is_logged_once_and_projecting_resumes_when_it_takes_writes(
+        db_url: str) -> None:
+    """A database that takes no writes (sessions read-only by default, a hot standby):
+    the projector logged ``projector.leading`` and ``projector.failed`` with a full
+    traceback at every retry, for as long as it lasted. Now it says so once, a warning
+    without a traceback, keeps trying, and says when the database takes writes again, then
+    leads and folds."""
+    projector = LiveProjector(db_url, poll_s=0.2, standby_retry_s=0.1)
+
+    async def run() -> None:
+        task = asyncio.create_task(projector.run())
+        try:
+            await until(lambda: projector.is_leader, 10, "the projector never led")
+            with database_read_only(db_url):
+                await until(lambda: not projector.is_leader, 10, "the cut went unnoticed")
+                await asyncio.sleep(1.5)  # about fifteen retries
+                assert not projector.is_leader
+            await until(lambda: projector.is_leader, 10, "the projector never led again")
+            await append_all(db_url, [new_event("payment.confirmed", 91000,
+                                                reference="WRITABLE", amount=100)])
+            await until(lambda: folded(db_url, "WRITABLE"), 10, "nothing folded again")
+        finally:
+            projector.stop()
+            await asyncio.wait_for(task, timeout=10)
+
+    with capture_logs() as logs:
+        asyncio.run(run())
+    events = [entry["event"] for entry in logs]
+    assert "projector.failed" not in events, logs
+    assert not [entry for entry in logs if "exc_info" in entry], logs
+    read_only = [entry for entry in logs if entry["event"] == "projector.database_read_only"]
+    assert len(read_only) == 1 and read_only[0]["log_level"] == "warning", logs
+    after = events[events.index("projector.database_read_only"):]
+    assert after.count("projector.database_writable") == 1, events
+    assert after.count("projector.leading") == 1, events
