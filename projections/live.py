@@ -196,6 +196,7 @@ class LiveProjector:
                                  reason="another transaction (a rebuild?) holds the "
                                         "projections' checkpoint")
                     waiting = True
+                    await self._forget_news(conn)
                     continue
                 if waiting:
                     log.info("projector.lock_granted")
@@ -256,6 +257,19 @@ class LiveProjector:
         await asyncio.gather(*pending, return_exceptions=True)
         for task in done:
             task.result()
+
+    @staticmethod
+    async def _forget_news(conn: psycopg.AsyncConnection[Any]) -> None:
+        """Let go of the notifications received since the last look, without waiting.
+
+        A notification only means "something new", and the next batch reads everything
+        new. Between two batches :meth:`_wait_for_news` reads them; a leader waiting
+        behind a rebuild's lock tries batch after batch and never got there, so the driver
+        kept every commit's notification (about 170 bytes each) for as long as the rebuild
+        lasted.
+        """
+        async for _ in conn.notifies(timeout=0):
+            pass
 
     async def _next_notify(self, conn: psycopg.AsyncConnection[Any]) -> None:
         async for _ in conn.notifies(timeout=self._poll_s, stop_after=1):

@@ -9,12 +9,22 @@ import time
 from typing import Any
 
 import psycopg
+import pytest
 from structlog.testing import capture_logs
 
-from projections.live import LiveProjector
+from projections import live
+from projections.live import LOCK_WAIT_S, LiveProjector
+from projections.projector import lock_checkpoint
 from tests.dbutil import database_read_only
 from tests.projection_events import new_event
-from tests.test_projector import append_all, folded
+from tests.test_projector import (
+    append_all,
+    applied_counts,
+    expected_applications,
+    folded,
+    mixed_events,
+    waiting_for_a_lock,
+)
 
 
 async def until(condition: Any, seconds: float, what: str) -> None:
@@ -106,3 +116,54 @@ def test_a_read_only_database_is_logged_once_and_projecting_resumes_when_it_take
     after = events[events.index("projector.database_read_only"):]
     assert after.count("projector.database_writable") == 1, events
     assert after.count("projector.leading") == 1, events
+
+
+def test_a_leader_waiting_behind_a_rebuild_keeps_no_growing_queue_of_notifications(
+        db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each commit to the ledger notifies the leader. Waiting behind a rebuild's lock, it
+    never read them, and the driver kept every one (about 170 bytes a commit) for as long
+    as the rebuild lasted. A notification only means "something new", and the next batch
+    reads everything new: now the waiting leader lets go of those that came in during each
+    wait, so it holds no more than one wait's worth, and folds everything once the lock
+    is free."""
+    connections: list[psycopg.AsyncConnection[Any]] = []
+    real_connect = live.connect
+
+    async def kept_connect(*args: Any, **kwargs: Any) -> psycopg.AsyncConnection[Any]:
+        conn = await real_connect(*args, **kwargs)
+        connections.append(conn)  # the real connection, to look at its queue
+        return conn
+
+    monkeypatch.setattr(live, "connect", kept_connect)
+    bursts = [mixed_events(100, seed=40 + n, prefix=f"burst{n}-") for n in range(4)]
+    projector = LiveProjector(db_url, poll_s=0.2, standby_retry_s=0.1)
+
+    def queued() -> int:
+        """Notifications the driver holds for the leader's session, unread (psycopg's
+        own queue: what grew)."""
+        return len(connections[-1]._notifies_backlog or ())
+
+    async def run() -> None:
+        task = asyncio.create_task(projector.run())
+        try:
+            await until(lambda: projector.is_leader, 10, "the projector never led")
+            async with await psycopg.AsyncConnection.connect(db_url) as rebuild_like:
+                await lock_checkpoint(rebuild_like)  # held until this transaction ends
+                await waiting_for_a_lock(db_url, projector)
+                most = 0
+                for burst in bursts:  # one commit each, over several waits
+                    await append_all(db_url, burst, chunk=1)
+                    await asyncio.sleep(1.5 * LOCK_WAIT_S)
+                    most = max(most, queued())
+                assert projector.is_leader and projector.applied == 0
+                per_burst = min(len(burst) for burst in bursts)
+                assert most < per_burst, f"{most} notifications kept"
+                await rebuild_like.rollback()
+            every = [event for burst in bursts for event in burst]
+            await until(lambda: applied_counts(db_url) == expected_applications(every), 20,
+                        "the leader did not fold what came in while it waited")
+        finally:
+            projector.stop()
+            await asyncio.wait_for(task, timeout=10)
+
+    asyncio.run(run())
