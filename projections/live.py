@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import socket
 import threading
 import uuid
 from typing import Any
@@ -36,6 +38,11 @@ APPLICATION_PREFIX = "hookledger-projector:"
 # tried again. A rebuild holds them for its whole run: an unbounded wait behind it left a
 # stop (SIGTERM) unnoticed until the rebuild committed.
 LOCK_WAIT_S = 1.0
+# How long a stop waits for the statement in flight before dropping the connection: a
+# batch commits well within it, and a wait for the checkpoint rows lasts LOCK_WAIT_S. A
+# database silent mid-statement (a network blip) never answers: a stop waited for it, and
+# SIGTERM went unheeded, for as long as the kernel kept the socket.
+STOP_GRACE_S = 3.0
 
 
 def application_name(token: str | None = None) -> str:
@@ -105,6 +112,16 @@ def idle_in_batch_limit_s(idle_s: float, batch_size: int) -> float:
     return idle_s + batch_size * FOLD_ALLOWANCE_S_PER_EVENT
 
 
+def drop_connection(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Shut the connection's socket down under whatever waits on it, which then fails at
+    once as a lost connection (a transaction in flight is never committed, so it rolls
+    back). Shut down rather than closed: the driver still owns the descriptor, and closing
+    it under the event loop's watch of it is undefined."""
+    with contextlib.suppress(OSError, psycopg.Error):  # already gone: nothing to drop
+        with socket.socket(fileno=os.dup(conn.pgconn.socket)) as same:
+            same.shutdown(socket.SHUT_RDWR)
+
+
 async def end_when_idle(conn: psycopg.AsyncConnection[Any], seconds: float,
                         in_batch_seconds: float) -> None:
     """Have the server end this session once it has sat idle for ``seconds``, or for
@@ -144,27 +161,48 @@ class LiveProjector:
         self.applied = 0
         self._may_not_end_sessions = False
         self._read_only = False  # the database took no writes when last asked
+        self._conn: psycopg.AsyncConnection[Any] | None = None  # the session's, while open
 
     def stop(self) -> None:
         self._stop.set()
 
     async def run(self) -> None:
         """Project until stopped; survive database outages by reconnecting."""
-        while not self._stop.is_set():
-            try:
-                await self._session()
-            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-                log.warning("projector.disconnected", error=type(exc).__name__)
-            except psycopg.errors.ReadOnlySqlTransaction:  # turned read-only since asked
-                self._note_read_only()
-            except Exception:  # a bug in one batch must not end projecting
-                log.exception("projector.failed")
-            finally:
-                self.is_leader = False
-            await self._sleep(self._standby_retry_s)
+        watchdog = asyncio.ensure_future(self._cut_short_when_stuck())
+        try:
+            while not self._stop.is_set():
+                try:
+                    await self._session()
+                except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                    log.warning("projector.disconnected", error=type(exc).__name__)
+                except psycopg.errors.ReadOnlySqlTransaction:  # turned read-only since asked
+                    self._note_read_only()
+                except Exception:  # a bug in one batch must not end projecting
+                    log.exception("projector.failed")
+                finally:
+                    self.is_leader = False
+                    self._conn = None
+                await self._sleep(self._standby_retry_s)
+        finally:
+            watchdog.cancel()
+            await asyncio.gather(watchdog, return_exceptions=True)
+
+    async def _cut_short_when_stuck(self) -> None:
+        """Once stopped, give the statement in flight ``STOP_GRACE_S`` to end (a batch
+        commits), then drop the connection it waits on: the database may never answer."""
+        await self._stop.wait()
+        await asyncio.sleep(STOP_GRACE_S)
+        if self._conn is not None:
+            log.warning("projector.stop_cut_short",
+                        reason="the database has not answered since the stop was asked; "
+                               "the connection is dropped (a batch in flight rolls back "
+                               "unless its commit had reached the server)",
+                        after_s=STOP_GRACE_S)
+            drop_connection(self._conn)
 
     async def _session(self) -> None:
         async with await connect(self._url, application_name=self.name) as conn:
+            self._conn = conn  # for a stop to drop; run() forgets it
             await end_when_idle(conn, self._idle_limit_s, self._idle_in_batch_limit_s)
             if await takes_no_writes(conn):
                 self._note_read_only()

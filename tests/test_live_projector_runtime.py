@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
+import os
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -13,10 +19,17 @@ import pytest
 from structlog.testing import capture_logs
 
 from projections import live
-from projections.live import LOCK_WAIT_S, LiveProjector
+from projections.live import (
+    APPLICATION_PREFIX,
+    LOCK_WAIT_S,
+    STOP_GRACE_S,
+    LiveProjector,
+    leader_query,
+)
 from projections.projector import lock_checkpoint
 from tests.dbutil import database_read_only
 from tests.projection_events import new_event
+from tests.relay import SocketRelay
 from tests.test_projector import (
     append_all,
     applied_counts,
@@ -167,3 +180,56 @@ def test_a_leader_waiting_behind_a_rebuild_keeps_no_growing_queue_of_notificatio
             await asyncio.wait_for(task, timeout=10)
 
     asyncio.run(run())
+
+
+def leading_projector(url: str) -> str | None:
+    """The application name of the session that holds the projector lock, if any."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        for (name,) in conn.execute("SELECT application_name FROM pg_stat_activity "
+                                    "WHERE application_name LIKE %s",
+                                    (f"{APPLICATION_PREFIX}%",)).fetchall():
+            query, params = leader_query(name)
+            if conn.execute(query, params).fetchone() == (True,):
+                return str(name)
+    return None
+
+
+def test_sigterm_ends_hookledger_project_while_the_database_is_silent_mid_statement(
+        db_url: str, tmp_path: Path) -> None:
+    """The network goes silent (no answer, nothing closed) while the projector's batch
+    waits on the database: SIGTERM asked the projector to stop at the batch's end, which
+    never came, and ``hookledger project`` ran on until killed. Now the batch in flight is
+    given a few seconds; then its connection is dropped (the batch rolls back, for the
+    next leader to fold), a warning says so, and the command exits 0."""
+    relay = SocketRelay(db_url)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKLEDGER_")}
+    env.update(HOOKLEDGER_HOME=str(tmp_path), HOOKLEDGER_LOG_FORMAT="json",
+               HOOKLEDGER_DATABASE_URL=relay.postgresql_url)
+    proc = subprocess.Popen([sys.executable, "-m", "hookledger", "project"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while leading_projector(db_url) is None:
+            assert proc.poll() is None, proc.communicate()[1].decode()
+            assert time.monotonic() < deadline, "hookledger project never led"
+            time.sleep(0.1)
+        relay.hold()
+        time.sleep(2.5)  # past a poll (1 s): its next batch waits on the silent database
+        asked = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            _, err = proc.communicate(timeout=STOP_GRACE_S + 5)
+        except subprocess.TimeoutExpired:
+            pytest.fail("hookledger project did not end on SIGTERM")
+        took = time.monotonic() - asked
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        relay.close()
+    lines = [json.loads(line) for line in err.decode().splitlines() if line.startswith("{")]
+    events = [line["event"] for line in lines]
+    assert proc.returncode == 0, err.decode()
+    assert STOP_GRACE_S <= took < STOP_GRACE_S + 3
+    assert "projector.stop_cut_short" in events, events
+    assert events[-1] == "projector.exited", events
