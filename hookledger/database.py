@@ -70,6 +70,19 @@ def with_dead_peer_detection(url: str) -> str:
     return url + ("&" if "?" in url else "?") + urlencode(missing)
 
 
+def speaking_utf8(url: str) -> str:
+    """``url`` with ``client_encoding=UTF8`` unless it sets an encoding of its own.
+
+    hookledger's text is UTF-8 (deliveries are UTF-8 JSON). A session's encoding is the
+    database's by default: in a ``SQL_ASCII`` database that names none, so psycopg read
+    every text value as bytes and the first command stopped with a traceback; in another
+    encoding, the server converts from UTF-8 and refuses only what that encoding cannot
+    hold (``hookledger.encoding`` warns of both)."""
+    if "client_encoding" in conninfo_to_dict(url):
+        return url
+    return url + ("&" if "?" in url else "?") + "client_encoding=UTF8"
+
+
 def sqlalchemy_url(url: str) -> str:
     """The URL as SQLAlchemy wants it, pinned to psycopg 3."""
     return "postgresql+psycopg://" + libpq_url(url)[len("postgresql://"):]
@@ -79,7 +92,7 @@ def sqlalchemy_url(url: str) -> str:
 def database(settings: Settings) -> Iterator[str]:
     """Yield the libpq URL to use; an embedded server lives exactly as long as the block."""
     if settings.database_url:
-        yield with_dead_peer_detection(libpq_url(settings.database_url))
+        yield with_dead_peer_detection(speaking_utf8(libpq_url(settings.database_url)))
         return
     embedded = EmbeddedPostgres(settings.home, os_user_when_root=settings.embedded_os_user)
     url = embedded.start()

@@ -4,8 +4,9 @@ Deliveries are UTF-8 JSON, and their text (references, dedupe keys, payloads) is
 text. In a database of another encoding, a character the encoding has not (a euro sign in
 LATIN1) is refused when the event is appended, so that delivery is never kept; the general
 webhook system does not retry. ``SQL_ASCII`` checks nothing and names no encoding for its
-text, which psycopg then reads as bytes, not str. The embedded cluster is UTF-8; a database
-of the user's own is only warned about, since changing it means a new database.
+text: hookledger's sessions say UTF-8 (``hookledger.database.speaking_utf8``), others may
+not. The embedded cluster is UTF-8; a database of the user's own is only warned about,
+since changing it means a new database.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ def encoding_concern(encoding: str) -> str | None:
     if encoding.strip().upper().replace("-", "") in UTF8_NAMES:
         return None
     if encoding.strip().upper() == "SQL_ASCII":
-        why = ("it checks no text and names no encoding for it, so hookledger's "
-               "connections read its text as bytes and fail")
+        why = ("it checks no text: hookledger writes UTF-8 into it, but any other "
+               "client may store bytes in any encoding beside it, which no view can read "
+               "back reliably")
     else:
         why = (f"a delivery with a character {encoding} has not (a euro sign in LATIN1, "
                "any non-Latin script) is refused when appended and never kept")

@@ -12,7 +12,9 @@ from click.testing import CliRunner
 
 from hookledger import migrate
 from hookledger.cli import main
+from hookledger.database import database
 from hookledger.encoding import database_encoding_concern, encoding_concern
+from hookledger.settings import load_settings
 from ledger.store import append_in
 from tests.dbutil import create_database, drop_database, unique_name, with_database
 from tests.projection_events import new_event
@@ -106,5 +108,26 @@ def test_migrate_says_nothing_of_a_utf8_database(
         result = CliRunner().invoke(main, ["migrate"])
         assert result.exit_code == 0, result.output
         assert "encoding" not in result.output and "migrations applied" in result.output
+    finally:
+        drop_database(pg_admin_url, name)
+
+
+
+def test_a_sql_ascii_database_is_migrated_warned_of_and_read_as_text(
+        pg_admin_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """hookledger's sessions say UTF-8 where the database names no encoding: its text came
+    back as bytes, and every command stopped with a TypeError before any warning."""
+    name = unique_name("hookledger_ascii")
+    url = _database_with_encoding(pg_admin_url, name, "SQL_ASCII")
+    try:
+        monkeypatch.setenv("HOOKLEDGER_DATABASE_URL", url)
+        monkeypatch.setenv("HOOKLEDGER_HOME", str(tmp_path))
+        result = CliRunner().invoke(main, ["migrate"])
+        assert result.exit_code == 0, result.output
+        assert result.output.count("database.encoding_not_utf8") == 1
+        assert "'SQL_ASCII'" in result.output and "migrations applied" in result.output
+        with database(load_settings()) as speaking, psycopg.connect(speaking) as conn:
+            assert conn.execute("SELECT 'f\u00fcnf \u20ac'::text").fetchone() == (
+                "f\u00fcnf \u20ac",)
     finally:
         drop_database(pg_admin_url, name)
