@@ -69,6 +69,10 @@ class Expectation:
 def parse_amount(value: Any, *, zero: bool = False) -> Decimal:
     if isinstance(value, bool) or not isinstance(value, int | float | Decimal | str):
         raise ExpectationInvalid("amount must be a number")
+    if isinstance(value, str) and (not value.isascii() or "_" in value):
+        # Python's Decimal reads any script's digits and 1_000, which the SQL function
+        # (numeric) and every report refuse or print otherwise: "١٢" was kept as 12
+        raise ExpectationInvalid("amount must be written with the digits 0-9 (no '_')")
     try:
         amount = Decimal(str(value).strip())
     except InvalidOperation as exc:

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from reconcile.expectations import ExpectationInvalid, parse_amount
 from tests.live import running_service
 
 TOKEN = "admin-token-for-tests"
@@ -248,3 +249,16 @@ def test_any_reference_and_amount_is_kept_exactly_or_refused_as_invalid(
                 await register(conn, dataclasses.replace(expectation, amount=other))
 
     asyncio.run(go())
+
+
+@pytest.mark.parametrize("written", ["\u0661\u0662", "\uff11\uff12", "1_000", "12\u00a0"])
+def test_an_amount_in_other_digits_or_with_underscores_is_refused(written: str) -> None:
+    """Python's Decimal reads them (as 12 and 1000), the SQL function and a person would not."""
+    with pytest.raises(ExpectationInvalid, match="digits 0-9"):
+        parse_amount(written)
+
+
+@pytest.mark.parametrize(("written", "amount"), [
+    ("12", Decimal("12")), (" 1500.50 ", Decimal("1500.50")), ("1e3", Decimal("1E+3"))])
+def test_an_amount_in_ascii_digits_is_read_exactly(written: str, amount: Decimal) -> None:
+    assert parse_amount(written) == amount
