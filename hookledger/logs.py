@@ -86,9 +86,41 @@ def secret_masker(secrets: Iterable[str]) -> structlog.types.Processor:
     return mask
 
 
-def _renderer(fmt: str) -> structlog.types.Processor:
-    use_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
-    return structlog.processors.JSONRenderer() if use_json else structlog.dev.ConsoleRenderer()
+# values the console writes as text that may hold lines of their own
+MULTILINE_KEYS = frozenset({"exception", "stack"})
+
+
+def escaped(text: str, keep: str = "") -> str:
+    """``text`` with every character that is not printable (but those in ``keep``) written
+    as its escape (``\\x1b``, ``\\u2028``), printable ones of any script as they are."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c in keep
+                   else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+def printable(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """Control characters in a console line's text escaped, a traceback's line breaks
+    kept. The console renderer writes a text value as it is unless it holds a blank or a
+    quote, and the event (a library record's message) always: a reference a signed
+    delivery chose (bound to every line of its request) reached the terminal with its
+    escape sequences, which can erase the lines before it and draw forged ones. JSON lines
+    escape them already. Other values are written by ``repr``, which escapes them too."""
+    for key, value in event.items():
+        if isinstance(value, str):
+            event[key] = escaped(value, "\n" if key in MULTILINE_KEYS else "")
+    return event
+
+
+def _console(fmt: str) -> bool:
+    return fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
+
+
+def _renderer(fmt: str) -> list[structlog.types.Processor]:
+    """The renderer, after :func:`printable` on the console."""
+    if _console(fmt):
+        return [printable, structlog.dev.ConsoleRenderer()]
+    return [structlog.processors.JSONRenderer()]
 
 
 def configure(*, fmt: str = "auto", level: str = "info", secrets: Iterable[str] = (),
@@ -101,7 +133,7 @@ def configure(*, fmt: str = "auto", level: str = "info", secrets: Iterable[str] 
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
             secret_masker(secrets),
-            renderer,
+            *renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping()[level.upper()]),
@@ -134,7 +166,7 @@ def route_stdlib(*, fmt: str = "auto", level: str = "warning",
             structlog.stdlib.ProcessorFormatter.remove_processors_meta,
             structlog.processors.format_exc_info,
             secret_masker(secrets),
-            _renderer(fmt),
+            *_renderer(fmt),
         ],
     )
     handler = _StdlibHandler(_CurrentStderr())

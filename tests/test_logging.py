@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Iterator
 
 import httpx
@@ -227,3 +228,63 @@ def test_a_log_line_that_cannot_be_written_fails_no_delivery(
         refused = conn.execute("SELECT reason FROM hookledger.rejected_deliveries").fetchall()
     assert kept == [("payment.confirmed", "R-PIPE-1"), ("general.malformed", "R-PIPE-2")]
     assert refused == [("bad_signature",)]
+
+
+# what a sender holding one general secret can put in a reference, which every line of its
+# request carries: cursor up and erase (the line before is gone), colour, a next-line
+# control and Unicode line breaks (a line that looks the service's own)
+CONTROLS = "\x1b[1A\x1b[2K\x1b[31m\x1bE\x0b\x0c\x85\u2028\u2029\x07"
+FORGED = "2026-01-01T00:00:00Z\x1b[C[info\x1b[C]\x1b[Cservice.stopped"
+SGR = re.compile(r"\x1b\[[0-9;]*m")  # the console renderer's own colours
+
+
+def test_console_lines_show_a_delivery_s_control_characters_escaped(
+        db_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """With HOOKLEDGER_LOG_FORMAT=console, text a signed delivery chose reached the terminal
+    as it was: escape sequences that erased and forged the service's own lines."""
+    logs.configure(fmt="console", level="info", secrets=[SECRET], cache=False)
+    reference = "R-TTY" + CONTROLS + FORGED
+    try:
+        with running_service(db_url, general_secrets=f"main={SECRET}") as base:
+            raw = encode(general_body("payment.confirmed", 91000, reference=reference))
+            answer = httpx.post(f"{base}/webhooks/general/main", content=raw,
+                                headers={"x-service-signature": general_header(SECRET, raw)})
+    finally:
+        structlog.reset_defaults()
+    assert answer.status_code == 200
+    err = SGR.sub("", capsys.readouterr().err)
+    accepted = [line for line in err.split("\n") if "delivery.accepted" in line]
+    assert len(accepted) == 1 and "R-TTY" in accepted[0]
+    assert not [c for c in err if not c.isprintable() and c != "\n"]
+    assert "\\x1b[1A\\x1b[2K" in accepted[0] and "\\u2028" in accepted[0]
+
+
+def test_console_tracebacks_keep_their_lines_but_no_control_characters(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    logs.configure(fmt="console", level="info", secrets=[], cache=False)
+    try:
+        try:
+            raise ValueError("bad reference R-1" + CONTROLS)
+        except ValueError:
+            structlog.get_logger().exception("request.failed" + CONTROLS)
+    finally:
+        structlog.reset_defaults()
+    err = SGR.sub("", capsys.readouterr().err)
+    assert "Traceback (most recent call last):\n" in err
+    assert "ValueError: bad reference R-1\\x1b[1A" in err
+    assert not [c for c in err if not c.isprintable() and c != "\n"]
+
+
+def test_console_library_records_show_control_characters_escaped(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    root = logging.getLogger()
+    level = root.level
+    handler = logs.route_stdlib(fmt="console", level="warning")
+    try:
+        logging.getLogger("uvicorn.error").warning("Invalid request %s", "/x" + CONTROLS)
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+    err = SGR.sub("", capsys.readouterr().err)
+    assert err.count("\n") == 1 and "/x\\x1b[1A" in err
+    assert not [c for c in err if not c.isprintable() and c != "\n"]
