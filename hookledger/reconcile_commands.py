@@ -18,6 +18,7 @@ import psycopg
 
 from hookledger import migrate
 from hookledger.database import database
+from hookledger.logs import escaped
 from hookledger.settings import Settings
 from ledger.jsonenc import jsonb_can_hold
 from reconcile.errors import ReconcileError
@@ -58,7 +59,9 @@ def reconcile_command() -> None:
 
         result = asyncio.run(once())
     for line in result.summary():
-        click.echo(line)
+        # a reference or detail is a delivery's or the provider's text: its control
+        # characters (a carriage return, an escape sequence) shown, never obeyed
+        click.echo(escaped(line))
     if result.skipped:  # nothing was checked: a script must not take it for "all clear"
         sys.exit(SKIPPED_EXIT)
     if result.checked and result.results.get("error", 0) == result.checked:

@@ -427,3 +427,27 @@ def test_on_a_read_only_database_report_reads_and_a_write_is_a_message(
                                        "--amount", "5"])
         assert refused.exit_code == 2, refused.output
         assert "takes no writes" in refused.output and "Traceback" not in refused.output
+
+
+def test_reconcile_prints_a_delivery_s_control_characters_escaped(
+        db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reference a signed delivery chose was printed as it came: on a terminal, escape
+    sequences that erase what the pass printed before it, and a carriage return or line
+    separator that adds a forged ``resolved`` line to what a person or a script reads."""
+    from tests.reconcile_helpers import deliver
+
+    reference = "FORGE-1\x1b[1A\x1b[2K\r  resolved missing_webhook collection FORGE-2\u2028"
+    deliver(db_url, "payment.confirmed", 91000, reference=reference, amount=5)
+    monkeypatch.setenv("HOOKLEDGER_DATABASE_URL", db_url)
+    monkeypatch.setenv("HOOKLEDGER_HOME", str(tmp_path))
+    monkeypatch.setenv("HOOKLEDGER_API_KEY", API_KEY)
+    with running_sandbox(state=CountingState()) as api:
+        monkeypatch.setenv("HOOKLEDGER_API_BASE_URL", api.url)
+        result = CliRunner().invoke(main, ["reconcile"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    (detected,) = [line for line in lines if "FORGE-1" in line]
+    assert "unknown_at_provider" in detected
+    assert "FORGE-1\\x1b[1A\\x1b[2K\\r  resolved" in detected
+    assert not [line for line in lines if line.lstrip().startswith("resolved")]
+    assert not [c for c in result.output if not c.isprintable() and c != "\n"]
