@@ -431,7 +431,9 @@ def rebuild(verify: bool, batch_size: int) -> None:
         click.echo("live projections are identical to a rebuild")
         return
     for difference in result.differences:
-        click.echo(f"DIFFERS {difference.table} {difference.key}: {difference.kind}")
+        # a key is a delivery's text (a reference): its control characters shown, not obeyed
+        click.echo(f"DIFFERS {difference.table} {logs.escaped(difference.key)}: "
+                   f"{difference.kind}")
     sys.exit(1)
 
 

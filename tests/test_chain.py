@@ -537,3 +537,23 @@ def test_migration_0016_qualifies_the_digest_function_and_keeps_every_digest(
     assert _digests(empty_db_url, FUNCTION_DIGESTS) == before
     migrate.upgrade(empty_db_url)
     assert check(empty_db_url).intact  # type: ignore[attr-defined]
+
+
+def test_rebuild_verify_names_a_row_s_control_characters_escaped(db_url: str) -> None:
+    """The key of a row that differs is a reference a signed delivery chose, printed as it
+    came: a carriage return in it drew a forged line over the DIFFERS one (a terminal shows
+    "live projections are identical to a rebuild" where a row differs)."""
+    from tests.reconcile_helpers import deliver
+
+    reference = "ROW-1\r\x1b[2Klive projections are identical to a rebuild\u2028"
+    deliver(db_url, "payment.confirmed", 91000, reference=reference, amount=5)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("UPDATE hookledger_private.payments SET amount = 6 WHERE reference = %s",
+                     (reference,))
+    result = verify_command(db_url, "rebuild", "--verify")
+    assert result.returncode == 1, result.stderr
+    lines = result.stdout.splitlines()
+    assert not [line for line in lines if line.startswith("live projections")]
+    (differs,) = [line for line in lines if line.startswith("DIFFERS")]
+    assert "ROW-1\\r\\x1b[2Klive projections" in differs
+    assert not [c for c in result.stdout if not c.isprintable() and c != "\n"]
