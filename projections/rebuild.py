@@ -4,6 +4,8 @@
 (the live projector waits), deletes the rows (``DELETE``, not ``TRUNCATE``: readers keep
 seeing the old state until the commit), replays the whole ledger, and commits. Nobody ever
 sees a half-built projection.
+The findings its folds make that the ledger did not hold yet (new rules
+meeting old events) are appended in that transaction and folded right after it commits.
 
 ``verify`` rebuilds into temporary tables (a private shadow schema, ``pg_temp``) inside a
 ``REPEATABLE READ`` snapshot, up to the live checkpoint of that same snapshot, and compares
@@ -30,11 +32,13 @@ from projections.projector import (
     Connection,
     Finding,
     apply_events,
+    checkpoint,
     checkpoints,
     connect,
     discrepancy_event,
     lock_checkpoint,
     move_checkpoint,
+    project_batch,
     store_spill,
 )
 from projections.registry import PROJECTIONS
@@ -165,10 +169,25 @@ async def rebuild(url: str, *, batch_size: int = 5000, buffer_rows: int = BUFFER
                 conn, reader, schema=PRIVATE_SCHEMA, until=None, batch_size=batch_size,
                 buffer_rows=buffer_rows, progress=progress, last=head)
             await move_checkpoint(conn, position)
+            appended: list[int] = []
             if findings:  # already in the ledger unless the rules changed: dedupe decides
                 now = datetime.now(UTC)
-                await append_in(conn, [discrepancy_event(f, now) for f in findings])
+                kept = await append_in(conn, [discrepancy_event(f, now) for f in findings])
+                appended = [k.position for k in kept if not k.duplicate]
+        if appended:
+            await fold_through(conn, max(appended), batch_size=batch_size)
     return RebuildResult(count, time.perf_counter() - started, max(head, position))
+
+
+async def fold_through(conn: Connection, position: int, *, batch_size: int) -> None:
+    """Fold the ledger up to ``position`` now, as the live projector would a moment later:
+    the findings a rebuild appends (what new rules flag in events folded before, such as an
+    invoice cancelled with money received) waited for a projector, and with none running
+    (``serve`` stopped for an upgrade) ``report`` left them out. Batch by batch under the
+    checkpoint lock, so a live projector folding meanwhile folds nothing twice."""
+    while await checkpoint(conn) < position:
+        if not await project_batch(conn, batch_size=batch_size):
+            return
 
 
 async def verify(url: str, *, batch_size: int = 5000, buffer_rows: int = BUFFER_ROWS,

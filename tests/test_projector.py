@@ -1211,3 +1211,24 @@ def test_a_rebuild_folds_up_to_the_head_it_saw_and_leaves_later_events_to_the_pr
     asyncio.run(rebuild(db_url))
     assert snapshot(db_url) == live
     assert applied_counts(db_url) == expected_applications([*before, *during])
+
+
+def test_the_findings_a_rebuild_appends_are_in_the_views_when_it_returns(db_url: str) -> None:
+    """An upgrade's rebuild finds what the new rules flag in events folded before (an
+    invoice cancelled with money received) and appends those findings; with no projector
+    running (serve stopped for the upgrade), ``hookledger report`` right after it left them
+    out, and ``rebuild --verify`` checked only up to the head the rebuild had seen."""
+    block = {"invoiceNo": "RB-1", "total": 500, "currency": "TZS"}
+    asyncio.run(append_all(db_url, [
+        new_event("invoice.created", 93000, reference="RB-1", amount=500,
+                  invoice={**block, "amountPaid": 0, "amountDue": 500}),
+        new_event("invoice.cancelled", 93003, reference="RB-1", amount=500,
+                  timestamp="20261122090000",
+                  invoice={**block, "amountPaid": 200, "amountDue": 300})]))
+    asyncio.run(rebuild(db_url))
+    with psycopg.connect(db_url) as conn:
+        found = conn.execute("SELECT kind, reference, status FROM hookledger.discrepancies"
+                             ).fetchall()
+        head = conn.execute("SELECT max(position) FROM hookledger.ledger").fetchone()
+    assert found == [("cancelled_invoice_paid", "RB-1", "open")]
+    assert asyncio.run(verify(db_url)).checkpoint == (head[0] if head else None)
