@@ -53,6 +53,8 @@ def test_reserialised_json_does_not_verify() -> None:
     ("sha256=", "malformed_signature"),
     ("sha256=c3a92ff9", "malformed_signature"),
     ("sha256=" + "z" * 64, "malformed_signature"),
+    ("sha256=" + "g" * 64, "malformed_signature"),  # the first letter past hex
+    ("sha256=" + "0" * 63 + "\u0660", "malformed_signature"),  # a non-ASCII digit
     ("sha256=" + "0" * 65, "malformed_signature"),
     ("sha256=" + "0" * 64, "bad_signature"),
 ])
