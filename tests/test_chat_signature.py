@@ -91,6 +91,11 @@ def test_the_label_of_the_verifying_secret_is_returned() -> None:
     (f"t={T},v1={V1},v1={V1}", "multiple_v1"),
     (f"t={T},v1={V1_OLD},v1={V1}", "multiple_v1"),
     (f"t={T},v1={V1},junk", "malformed_signature"),
+    (f"t,v1={V1}", "malformed_signature"),  # a key without "=" is not an empty value
+    (f"t={T},v1", "malformed_signature"),
+    (f"T={T},v1={V1}", "malformed_signature"),  # keys are case-sensitive
+    (f"t={T},V1={V1}", "malformed_signature"),
+    ("\n", "malformed_signature"),  # only spaces and tabs are blanks
     (f"t={T},v1={V1},", "malformed_signature"),
     (f"t={T},v0={V1},v1={V1}", "malformed_signature"),
     (f"t={T};v1={V1}", "malformed_timestamp"),  # one item whose t is junk
@@ -105,12 +110,36 @@ def test_the_label_of_the_verifying_secret_is_returned() -> None:
     (f"t={'9' * 13},v1={V1}", "malformed_timestamp"),
     (f"t={T},v1={'z' * 64}", "malformed_v1"),
     (f"t={T},v1={V1[:-1]}g", "malformed_v1"),
+    (f"t={T},v1=zz", "malformed_v1"),  # not hex, whatever its length
+    (f"t={T},v1={V1}z", "malformed_v1"),
     (f"t={T},v1={V1[:-2]}", "wrong_length_v1"),
     (f"t={T},v1={V1}00", "wrong_length_v1"),
     (f"t={T},v1={V1[:32]}", "wrong_length_v1"),
 ])
 def test_every_malformed_header_has_its_own_reason(header: str | None, expected: str) -> None:
     assert reason(BODY, header) == expected
+
+
+@pytest.mark.parametrize("header", [
+    f"t={T},v1={V1}\n", f"t={T}\r,v1={V1}", f"\u00a0t={T},v1={V1}", f"t={T},v1={V1}\x0b"])
+def test_whitespace_other_than_spaces_and_tabs_around_an_item_is_refused(header: str) -> None:
+    """Only spaces and tabs are trimmed around items; any other whitespace is content."""
+    assert reason(BODY, header) in {"malformed_signature", "malformed_timestamp",
+                                    "malformed_v1"}
+
+
+def test_a_twelve_digit_timestamp_is_the_longest_accepted() -> None:
+    """Twelve digits parse; the thirteenth is refused (see the malformed cases)."""
+    assert parse_header(f"t={'9' * 12},v1={V1}").timestamp == 10**12 - 1
+
+
+def test_a_zero_tolerance_accepts_only_the_exact_second() -> None:
+    """A tolerance of zero is allowed and means no skew at all, in either direction."""
+    assert verify(BODY, f"t={T},v1={V1}", SECRETS, now=T, tolerance_s=0) == "current"
+    for now in (T + 1, T - 1, T + 0.5):
+        with pytest.raises(ChatSignatureError) as caught:
+            verify(BODY, f"t={T},v1={V1}", SECRETS, now=now, tolerance_s=0)
+        assert caught.value.reason == "stale_timestamp"
 
 
 def test_no_secrets_is_refused_not_accepted() -> None:
