@@ -51,7 +51,7 @@ def test_amount_is_exact_text_never_float() -> None:
     assert read_general(parsed, EAT).facts["amount"] == "0.1"
 
 
-@pytest.mark.parametrize("tx", ["-1", -1, " -1 "])
+@pytest.mark.parametrize("tx", ["-1", -1, " -1 ", "", "  "])
 def test_transaction_id_minus_one_is_absent(tx: Any) -> None:
     read = read_general(body(event="payment.failed", code=91051, amount=0, transactionId=tx), EAT)
     assert read.facts["transaction_id"] is None
@@ -162,6 +162,25 @@ def test_invoice_block_amounts_are_read_from_the_block() -> None:
     assert facts["amount"] == "100000"  # the TOTAL, not money received
     assert facts["invoice"]["amount_paid"] == "40000.00"
     assert facts["invoice"]["amount_due"] == "60000.00"
+    assert facts["invoice"]["total"] == "100000" and facts["invoice"]["invoice_no"] == "INV-7"
+    assert facts["invoice"]["payment_reference"] == "991234"
+    assert facts["invoice"]["due_date"] == "2026-12-01" and facts["invoice"]["paid_date"] is None
+    paid = read_general(body(event="invoice.paid", code=93002, service="Invoicing",
+                             invoice={**invoice, "paidDate": "2026-11-22"}), EAT).facts
+    assert paid["invoice"]["paid_date"] == "2026-11-22"
+
+
+def test_an_invoice_block_that_is_not_an_object_is_a_body_error() -> None:
+    """The reconciler reads a record's block with the webhook's reader: the same refusal."""
+    from ingest.general_body import read_invoice_block
+    for value in ("INV-1", [], None, 5):
+        with pytest.raises(BodyError) as err:
+            read_invoice_block(value)
+        assert err.value.reason == "invalid_field"
+    assert read_invoice_block({"invoiceNo": "I", "dueDate": 5, "paidDate": {}}) == (
+        {"invoice_no": "I", "total": None, "amount_paid": None, "amount_due": None,
+         "currency": None, "due_date": "5", "paid_date": None, "payment_reference": None},
+        ["invoice.paidDate"])
 
 
 def test_a_part_payment_may_carry_an_invoice_block() -> None:
@@ -173,7 +192,7 @@ def test_a_part_payment_may_carry_an_invoice_block() -> None:
 
 @pytest.mark.parametrize("payload", [
     {"event": "webhook.test"}, {"ping": True}, {"event": "payment.exploded", "reference": "R"},
-    {"event": 42},
+    {"event": 42}, {"event": ["payment.confirmed"]}, {"event": {"payment.confirmed": 1}},
 ])
 def test_unknown_events_and_pings_are_kept_flagged(payload: dict[str, Any]) -> None:
     read = read_general(payload, EAT)
@@ -198,6 +217,15 @@ def test_unknown_events_and_pings_are_kept_flagged(payload: dict[str, Any]) -> N
     ({"code": Decimal("123.0")}, "invalid_field"),
     ({"invoice": {"amountDue": "0"}}, "invalid_field"),
     ({"invoice": "INV-1"}, "invalid_field"),
+    ({"invoice": {"invoiceNo": 7}}, "invalid_field"),  # decided on: read strictly
+    ({"reference": "R" * 513}, "invalid_field"),
+    ({"amount": Decimal("1E16")}, "invalid_field"),
+    ({"amount": Decimal("1E-16")}, "invalid_field"),  # too small is out of range too
+    ({"code": 89999}, "invalid_field"),
+    ({"code": 100000}, "invalid_field"),
+    ({"timestamp": "2026112208300"}, "invalid_field"),  # 13 digits
+    ({"timestamp": "202611220830000"}, "invalid_field"),  # 15 digits
+    ({"timestamp": "２０２６１１２２０８３０００"}, "invalid_field"),  # full-width digits
 ])
 def test_a_known_event_with_wrong_fields_is_kept_as_malformed(overrides: dict[str, Any],
                                                               reason: str) -> None:
@@ -217,7 +245,8 @@ def test_a_known_event_with_wrong_fields_is_kept_as_malformed(overrides: dict[st
     assert kept.facts["subject"] == "collection"
     reference = payload.get("reference")
     assert kept.facts["reference"] == (reference if isinstance(reference, str)
-                                       and reference.strip() else None)
+                                       and reference.strip() and len(reference) <= 512
+                                       else None)
     assert kept.stream == ("collection:REF-1" if kept.facts["reference"] == "REF-1"
                            else f"malformed:{kept.dedupe_key[18:34]}")
 
@@ -235,6 +264,12 @@ def test_a_known_event_with_wrong_fields_is_kept_as_malformed(overrides: dict[st
      {"status": None, "type": None}),
     ({"transactionId": 987654321}, [], {"transaction_id": "987654321"}),
     ({"transactionId": -1}, [], {"transaction_id": None}),
+    ({"type": True, "customerReference": False}, ["customerReference", "type"],
+     {"type": None, "customer_reference": None}),  # a boolean is not a number's text
+    ({"message": "x" * 4096}, [], {"message": "x" * 4096}),
+    ({"message": "x" * 4097}, ["message"], {"message": None}),
+    ({"merchantAccountId": "m" * 512}, [], {"merchant_account_id": "m" * 512}),
+    ({"merchantAccountId": "m" * 513}, ["merchantAccountId"], {"merchant_account_id": None}),
     ({"invoice": {"invoiceNo": "INV-1", "amountPaid": 400, "amountDue": 600,
                   "currency": 834, "dueDate": ["2026-12-31"]}}, ["invoice.dueDate"],
      {"invoice": {"invoice_no": "INV-1", "total": None, "amount_paid": "400",
@@ -265,6 +300,37 @@ def test_an_invoice_events_status_word_decides_cancellation_so_stays_strict() ->
     with pytest.raises(BodyError):
         read_general(payload, EAT)
     assert read_general_or_malformed(payload, EAT).event_type == MALFORMED_EVENT_TYPE
+
+
+@pytest.mark.parametrize("event", ["invoice.created", "invoice.paid", "invoice.cancelled"])
+def test_every_invoice_events_status_word_is_read_strictly(event: str) -> None:
+    """Not only ``invoice.updated``: on any invoice event an unreadable status is malformed."""
+    invoice = {"invoiceNo": "INV-1", "total": 900, "amountPaid": 0, "amountDue": 900}
+    payload = body(event=event, code=None, service="Invoicing", invoice=invoice,
+                   status=["CANCELLED"])
+    with pytest.raises(BodyError):
+        read_general(payload, EAT)
+
+
+@pytest.mark.parametrize(("code", "known"), [(91000, True), (93003, True), (91099, False),
+                                             (90000, False), (99999, False), (None, False)])
+def test_code_known_says_whether_the_code_is_in_the_spec_table(code: int | None,
+                                                              known: bool) -> None:
+    """Every five-digit 9xxxx code is read, and ``code_known`` tells a listed one apart."""
+    facts = read_general(body(code=code), EAT).facts
+    assert facts["code"] == code and facts["code_known"] is known
+
+
+@pytest.mark.parametrize("amount", [Decimal("999999999999999.99"), Decimal("1E-15"),
+                                    Decimal("0.000000000000001")])
+def test_amounts_within_moneys_range_are_read_exactly(amount: Decimal) -> None:
+    """Fifteen digits either side of the point are money; only past them is out of range."""
+    assert read_general(body(amount=amount), EAT).facts["amount"] == format(amount, "f")
+
+
+def test_a_reference_of_the_longest_allowed_length_is_read() -> None:
+    read = read_general(body(reference="R" * 512), EAT)
+    assert read.stream == "collection:" + "R" * 512
 
 
 def test_an_event_whose_every_field_is_readable_names_no_unread_field() -> None:
@@ -324,6 +390,24 @@ def test_the_same_state_at_another_time_is_a_new_event() -> None:
     """An invoice back at an earlier state (1000, 1200, then 1000 again) is current, not a
     copy: only its time tells the third save from the first."""
     assert dedupe_key(body(timestamp="20261122110000")) != dedupe_key(body())
+
+
+def test_the_key_hashes_the_documented_canonical_form() -> None:
+    """Keys in the ledger were made from this exact text; written out here by hand (numbers
+    as ``{"#n": text}``, booleans and null as themselves, volatile fields left out)."""
+    import hashlib
+    payload = {"event": "payment.confirmed", "amount": Decimal("1000.00"), "code": 91000,
+               "ok": True, "none": None, "list": [1, False, "é"], "message": "m",
+               "payloadSignature": "s", "timestamp": "20261122083000"}
+    canonical = ('{"amount":{"#n":"1000"},"code":{"#n":"91000"},"event":"payment.confirmed",'
+                 '"list":[{"#n":"1"},false,"é"],"none":null,"ok":true,'
+                 '"timestamp":"20261122083000"}').encode()
+    assert dedupe_key(payload) == "general:" + hashlib.sha256(canonical).hexdigest()
+
+
+def test_a_boolean_and_the_number_it_equals_are_different_events() -> None:
+    assert dedupe_key({"flag": True}) != dedupe_key({"flag": 1})
+    assert dedupe_key({"flag": False}) != dedupe_key({"flag": 0})
 
 
 def test_number_formatting_does_not_change_the_key() -> None:
@@ -398,6 +482,44 @@ def test_an_unstorable_copy_through_each_url_is_one_event_whatever_its_signature
     assert len(keys) == 1
     other = UNSTORABLE_WITH.replace("R-DUPKEY", "R-OTHER").format('"x"').encode()
     assert unstorable_general(other, error).dedupe_key not in keys
+
+
+def test_malformed_copies_differing_in_their_message_are_two_events() -> None:
+    """Only ``payloadSignature`` is left out of a malformed copy's key: reworded, it is
+    another copy the provider sent, kept as such (see :func:`malformed_key`)."""
+    payload = body(amount="1000")
+    assert malformed_key(payload) != malformed_key({**payload, "message": "Imelipwa"})
+    assert malformed_key(payload) == malformed_key({**payload, "payloadSignature": "other"})
+
+
+def test_an_unrecognised_event_is_filed_by_reference_or_by_its_digest() -> None:
+    """A usable reference names the stream; none (or one too long to be real) gives the
+    first sixteen hex digits of the body's digest, as a malformed copy's does."""
+    named = read_general({"event": "webhook.test", "reference": "R-9"}, EAT)
+    assert named.stream == "unrecognised:R-9" and named.facts["reference"] == "R-9"
+    for payload in ({"event": "webhook.test"}, {"event": "webhook.test", "reference": "R" * 513},
+                    {"event": "webhook.test", "reference": " "}):
+        read = read_general(payload, EAT)
+        assert read.facts["reference"] is None
+        assert read.stream == "unrecognised:" + read.dedupe_key.removeprefix("general:")[:16]
+    assert read_general({"event": "webhook.test", "reference": "R" * 512},
+                        EAT).stream == "unrecognised:" + "R" * 512
+
+
+def test_an_unstorable_copy_is_flagged_and_filed_with_its_subject_only_when_listed() -> None:
+    """Strict reading refused it: flagged ``unstorable``; an event not in the table has no
+    subject, so its copy is filed under ``malformed:`` and its reference."""
+    from ingest.general_body import unstorable_general
+
+    error = BodyError("duplicate_json_key", "key 'status' appears twice")
+    listed = unstorable_general(UNSTORABLE_WITH.format('"x"').encode(), error)
+    assert listed.facts["unstorable"] is True and listed.stream == "collection:R-DUPKEY"
+    unlisted = unstorable_general(
+        UNSTORABLE_WITH.replace("payment.confirmed", "payment.exploded").format('"x"').encode(),
+        error)
+    assert unlisted.facts["subject"] is None and unlisted.stream == "malformed:R-DUPKEY"
+    readable = read_general_or_malformed(body(amount="1000"), EAT)
+    assert "unstorable" not in readable.facts
 
 
 def test_a_php_escaped_base64_signature_is_blanked_whole() -> None:
