@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ingest.chat_body import (
     PLATFORM_ERROR_CAUSES,
@@ -405,3 +408,169 @@ def test_a_repeated_key_beside_such_an_exponent_is_kept_not_raised() -> None:
     assert caught.value.reason == "duplicate_json_key"
     kept = unstorable_chat(raw, DeliveryMeta(PHONE, delivery_id="d-11"), caught.value)
     assert (kept.facts["reason"], kept.facts["message_id"]) == ("duplicate_json_key", "w.3")
+
+
+# -- edges and facts found unpinned by mutation testing ------------------------------------
+
+@pytest.mark.parametrize(("timestamp", "read_as"), [
+    ("99999999999", datetime(5138, 11, 16, 9, 46, 39, tzinfo=UTC)),  # eleven digits: read
+    ("0", datetime(1970, 1, 1, tzinfo=UTC)),
+])
+def test_unix_seconds_of_up_to_eleven_digits_are_read(timestamp: str, read_as: datetime) -> None:
+    assert read(inbound(timestamp=timestamp)).occurred_at == read_as
+
+
+@pytest.mark.parametrize("timestamp", ["", "999999999999", "١٧٠٠٠٠٠٠٠٠", "１７００００００００"])
+def test_a_timestamp_that_is_not_up_to_eleven_ascii_digits_is_malformed(timestamp: str) -> None:
+    """Empty, past what a datetime holds, or digits of another script: a field that cannot
+    be read (never a crash of the reader)."""
+    assert refused(inbound(timestamp=timestamp)) == "invalid_field"
+    assert refused(status(timestamp=timestamp)) == "invalid_field"
+
+
+@pytest.mark.parametrize("message_id", ["  ", "\t"])
+def test_a_blank_id_is_malformed_like_an_empty_one(message_id: str) -> None:
+    assert refused(inbound(message_id=message_id)) == "invalid_field"
+    assert refused(status(message_id=message_id)) == "invalid_field"
+
+
+def test_ids_of_up_to_512_characters_are_read_and_longer_are_malformed() -> None:
+    assert read(status(message_id="m" * 512)).stream == "chat-message:" + "m" * 512
+    assert refused(status(message_id="m" * 513)) == "invalid_field"
+    assert refused(inbound(message_id="m" * 513)) == "invalid_field"
+
+
+def test_the_thread_is_keyed_by_contact_wa_id_else_by_the_sender() -> None:
+    """``contactWaId`` names the customer; when absent or empty, ``message.from`` does."""
+    named = read({**inbound(), "contactWaId": "255700000001"}).facts
+    assert (named["contact_wa_id"], named["from"]) == ("255700000001", "255712345678")
+    for body in ({**inbound(), "contactWaId": ""},
+                 {k: v for k, v in inbound().items() if k != "contactWaId"}):
+        assert read(body).facts["contact_wa_id"] == "255712345678"
+
+
+def test_texts_up_to_their_limits_are_read_and_past_them_left_out() -> None:
+    """A message text up to 64 KiB, a profile name up to 512 characters: read; past them,
+    named in ``unread_fields``."""
+    long_text = read(inbound(text={"body": "x" * 65536})).facts
+    assert long_text["body"] == "x" * 65536 and "unread_fields" not in long_text
+    too_long = read(inbound(text={"body": "x" * 65537})).facts
+    assert too_long["body"] is None and too_long["unread_fields"] == ["message.text.body"]
+    assert read({**inbound(), "profileName": "p" * 512}).facts["profile_name"] == "p" * 512
+
+
+@pytest.mark.parametrize(("errors", "error_code", "title"), [
+    ([{"code": "9" * 64, "title": "t"}], "9" * 64, "t"),
+    ([{"code": "9" * 65, "title": "t"}], None, None),   # the whole explanation unread
+    ([{"code": "  ", "title": "t"}], None, "t"),         # blank: no code
+    ([{"code": 131026, "title": "x" * 65536}], "131026", "x" * 65536),
+    ([{"code": 131026, "title": "x" * 65537}], "131026", None),
+])
+def test_an_error_code_or_title_past_its_limit_is_left_out(
+        errors: Any, error_code: str | None, title: str | None) -> None:
+    facts = read(status("failed", errors=errors)).facts
+    assert (facts["error_code"], facts["error_title"]) == (error_code, title)
+
+
+def test_misshapen_top_level_errors_give_way_to_the_status_objects() -> None:
+    """Top-level ``errors`` that cannot be read are skipped, not taken as no detail."""
+    body = status("failed", errors={"code": 1})  # type: ignore[arg-type]
+    body["status"]["errors"] = [{"code": 131047, "title": "Re-engagement message"}]
+    assert read(body).facts["code"] == 95063
+
+
+@pytest.mark.parametrize("error_code", ["91051", "92057", "94055", "95003", "95000"])
+def test_only_a_listed_chat_failure_code_is_passed_on_as_the_cause(error_code: str) -> None:
+    """Another service's failure code (or a chat code that is no failure) says nothing of
+    why a chat message failed: 95050."""
+    assert read(status("failed", errors=[{"code": error_code}])).facts["code"] == 95050
+
+
+@pytest.mark.parametrize("value", ["sent", "delivered", "read"])
+def test_errors_on_a_status_that_is_not_failed_never_change_its_code(value: str) -> None:
+    facts = read(status(value, errors=[{"code": 131047, "title": "t"}])).facts
+    assert facts["code"] == {"sent": 95000, "delivered": 95001, "read": 95002}[value]
+    assert facts["error_code"] == "131047"
+
+
+def test_a_phone_number_id_sent_as_a_boolean_is_malformed_not_another_number() -> None:
+    body = {**inbound(), "phoneNumberId": True}
+    assert refused(body) == "invalid_field"
+    assert read_chat_or_malformed(body, META).event_type == "chat.malformed"
+
+
+def test_the_delivery_facts_carry_the_request_headers() -> None:
+    facts = read(inbound()).facts
+    assert (facts["delivery_id"], facts["delivery_id_unusable"]) == ("dlv-1", False)
+    assert facts["from"] == "255712345678"
+
+
+def test_an_unrecognised_delivery_is_filed_under_a_findable_message_else_its_number() -> None:
+    """An id in ``message`` or ``status`` files it with that message; none usable (blank or
+    over-long) files it under the number of the URL."""
+    for block in ("message", "status"):
+        found = read({"type": "reaction", "phoneNumberId": PHONE, block: {"id": "w.7"}})
+        assert (found.stream, found.facts["message_id"]) == ("chat-message:w.7", "w.7")
+    for unusable in (" ", "m" * 513, 7):
+        kept = read({"type": "reaction", "phoneNumberId": PHONE, "message": {"id": unusable}})
+        assert kept.stream == f"chat-unrecognised:{PHONE}" and kept.facts["message_id"] is None
+
+
+def test_a_malformed_status_is_filed_under_its_message() -> None:
+    kept = read_chat_or_malformed(status(timestamp=5), META)
+    assert kept.event_type == "chat.malformed" and kept.stream == "chat-message:wamid.OUT1"
+
+
+def test_a_long_type_is_kept_cut_to_64_characters() -> None:
+    """What ``type`` said is kept for a person, bounded: the rest of the body has it all."""
+    unknown = read({"type": "t" * 100, "phoneNumberId": PHONE})
+    assert unknown.facts["kind"] == "t" * 64
+    malformed = read_chat_or_malformed(
+        {"type": "message", "phoneNumberId": PHONE, "message": "x"}, META)
+    assert malformed.facts["kind"] == "message"
+    assert "unstorable" not in malformed.facts
+    # the URL's number as a JSON number: malformed whatever the type says
+    long_malformed = read_chat_or_malformed({"type": "t" * 100, "phoneNumberId": int(PHONE)},
+                                            META)
+    assert long_malformed.event_type == "chat.malformed"
+    assert long_malformed.facts["kind"] == "t" * 64
+
+
+def test_an_unstorable_body_is_flagged_so() -> None:
+    raw = b'{"type": "message", "phoneNumberId": "%s", "message": {"id": "w.1", "x": "\\u0000"}}'
+    kept = unstorable_chat(raw % PHONE.encode(), META, BodyError("nul_character", "a NUL"))
+    assert kept.facts["unstorable"] is True and kept.stream == "chat-message:w.1"
+
+
+@pytest.mark.parametrize(("raw", "expected"), [("1000", 1000), ("9999", 9999), ("10000", None)])
+def test_attempt_numbers_of_up_to_four_digits_are_read(raw: str, expected: int | None) -> None:
+    assert attempt_of(raw) == expected
+
+
+def test_a_user_agent_is_kept_up_to_256_characters() -> None:
+    from ingest.chat_body import user_agent_of
+    assert user_agent_of("u" * 300) == "u" * 256 and user_agent_of(None) is None
+
+
+def test_the_body_digest_hashes_the_documented_canonical_form() -> None:
+    """Written out by hand: keys sorted, numbers as ``{"#n": text}`` in one spelling, a
+    boolean as itself (never the number it equals)."""
+    import hashlib
+
+    from ingest.chat_body import content_sha256
+    body = {"type": "status", "n": Decimal("1000.0"), "ok": True, "list": [2, None, "é"]}
+    canonical = '{"list":[{"#n":"2"},null,"é"],"n":{"#n":"1000"},"ok":true,"type":"status"}'
+    assert content_sha256(body) == hashlib.sha256(canonical.encode()).hexdigest()
+    assert content_sha256({"a": True}) != content_sha256({"a": 1})
+    assert content_sha256({"a": 1000}) == content_sha256({"a": Decimal("1E+3")})
+
+
+@given(st.dictionaries(st.text(max_size=6), st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner,
+                                                                 max_size=3),
+    max_leaves=8), max_size=5))
+def test_the_body_digest_depends_on_content_not_on_key_order(body: dict[str, Any]) -> None:
+    from ingest.chat_body import content_sha256
+    assert content_sha256(dict(reversed(list(body.items())))) == content_sha256(body)
+    assert content_sha256(json.loads(json.dumps(body))) == content_sha256(body)
