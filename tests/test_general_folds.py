@@ -1054,3 +1054,123 @@ def test_unrecognised_events_touch_no_projection() -> None:
                        None, {"recognised": False, "event": None, "reference": "P"}, now, now,
                        None, None, {}, None, None)
     assert all(p.keys(ping) == [] for p in PROJECTIONS)
+
+
+# -- found unpinned by mutation testing ----------------------------------------------------
+
+def test_a_second_failure_beside_a_success_is_not_a_second_finding() -> None:
+    """The conflict is found once, when the second outcome first shows: more copies of
+    either outcome add nothing."""
+    confirm = ev("payment.confirmed", 91000, reference="P", amount=700)
+    fail = ev("payment.failed", 91055, reference="P", amount=0, timestamp="20261122090000")
+    again = ev("payment.failed", 91051, reference="P", amount=0, timestamp="20261122091000")
+    for order in permutations([confirm, fail, again]):
+        rows, found = fold_all("payments", list(order))
+        assert [d.evidence for d in found] == [("outcome:failure", "outcome:success")]
+        assert rows["P"]["conflicted"] is True
+
+
+def test_a_money_rows_count_and_last_position_hold_in_any_order() -> None:
+    events = [ev("payment.confirmed", 91000, position=10, reference="P", amount=700),
+              ev("payment.refunded", 91010, position=30, reference="P", status="REVERSED"),
+              ev("payment.confirmed", 91000, position=20, reference="P", amount=700,
+                 timestamp="20261122083100")]
+    for order in permutations(events):
+        rows, _ = fold_all("payments", list(order))
+        assert (rows["P"]["event_count"], rows["P"]["last_position"]) == (3, 30)
+
+
+def test_a_contradicting_code_puts_the_payments_amount_at_risk() -> None:
+    """A refund's code on a confirmation: the finding carries the money it is about."""
+    _, found = fold_all("payments", [ev("payment.confirmed", 91010, reference="P",
+                                        amount=700)])
+    assert [(d.kind, d.amount_at_risk) for d in found] == [
+        ("conflicting_events", Decimal("700"))]
+
+
+def test_sms_reported_both_ways_is_flagged_once_and_stays_conflicted() -> None:
+    events = [ev("sms.delivered", 94000, position=1, reference="M", amount=0),
+              ev("sms.failed", 94050, position=2, reference="M", amount=0,
+                 timestamp="20261122083100"),
+              ev("sms.failed", 94056, position=3, reference="M", amount=0,
+                 timestamp="20261122083200"),
+              ev("sms.delivered", 94000, position=4, reference="M", amount=0,
+                 timestamp="20261122083300")]
+    for order in permutations(events):
+        rows, found = fold_all("sms_messages", list(order))
+        assert [d.evidence for d in found] == [("status:delivered", "status:failed")]
+        row = rows["M"]
+        assert row["conflicted"] is True and row["status"] == "delivered"
+        assert (row["event_count"], row["last_position"]) == (4, 4)
+
+
+def test_invoice_paid_without_an_amount_due_is_not_taken_as_settled() -> None:
+    """No ``amountDue`` on ``invoice.paid`` says nothing of what is left: a finding."""
+    event = ev("invoice.paid", 93002, reference="INV-1", amount=900, service="Invoicing",
+               invoice={**INVOICE, "amountPaid": 900})
+    rows, found = fold_all("invoices", [event])
+    assert rows["INV-1"]["paid_event"] is True and rows["INV-1"]["settled"] is False
+    assert [(d.kind, d.amount_at_risk) for d in found] == [("unsettled_paid_invoice", None)]
+
+
+def test_only_invoice_paid_marks_the_paid_event() -> None:
+    rows, _ = fold_all("invoices", [invoice_event("invoice.updated", 93001, 900, 0,
+                                                  "20261122082000")])
+    assert rows["INV-1"]["paid_event"] is False and rows["INV-1"]["settled"] is True
+
+
+@pytest.mark.parametrize("event", ["invoice.created", "invoice.paid"])
+def test_a_cancelled_status_word_cancels_only_on_a_resave(event: str) -> None:
+    """The word is read as a cancellation only on ``invoice.updated`` (a re-save of a
+    cancelled invoice), whose lost ``invoice.cancelled`` it stands in for."""
+    code = 93000 if event == "invoice.created" else 93002
+    rows, _ = fold_all("invoices", [ev(event, code, reference="INV-1", amount=900,
+                                       service="Invoicing", status="CANCELLED",
+                                       invoice={**INVOICE, "amountPaid": 0, "amountDue": 900})])
+    assert rows["INV-1"]["cancelled"] is False and rows["INV-1"]["status"] == "open"
+
+
+def test_an_invoice_event_is_filed_by_its_blocks_number_else_its_reference() -> None:
+    with_block = ev("invoice.updated", 93001, reference="REF-9", amount=900,
+                    service="Invoicing", invoice={**INVOICE, "amountPaid": 0, "amountDue": 900})
+    without = ev("invoice.updated", 93001, reference="REF-9", amount=900, service="Invoicing")
+    assert invoice_keys(with_block) == ["INV-1"] and invoice_keys(without) == ["REF-9"]
+
+
+@pytest.mark.parametrize(("paid_date", "kept"), [
+    ("2026-11-22T05:20:00.000Z", "2026-11-22T05:20:00+00:00"),
+    ("2026-11-22T08:20:00+03:00", "2026-11-22T08:20:00+03:00"),
+    ("2026-11-22T05:20:00", None),  # no offset: which instant it names is unknown
+    ("2026-11-22", None),
+    ("yesterday", None),
+])
+def test_a_paid_date_is_an_instant_with_its_offset_or_left_out(paid_date: str,
+                                                              kept: str | None) -> None:
+    rows, _ = fold_all("invoices", [invoice_event("invoice.paid", 93002, 900, 0,
+                                                  "20261122082000", paidDate=paid_date)])
+    held = rows["INV-1"]["paid_date"]
+    assert (held.isoformat() if held is not None else None) == kept
+
+
+def test_the_latest_blocks_order_is_kept_whatever_the_arrival_order() -> None:
+    """``block_key`` (read by rows of older shapes) names the latest block, never the last
+    folded."""
+    created = invoice_event("invoice.created", 93000, 0, 900, "20261122080000")
+    updated = invoice_event("invoice.updated", 93001, 300, 600, "20261122081000")
+    ordered, _ = fold_all("invoices", [created, updated])
+    reversed_, _ = fold_all("invoices", [updated, created])
+    assert ordered["INV-1"]["block_key"] == reversed_["INV-1"]["block_key"]
+    assert ordered["INV-1"]["block_key"][-1] == updated.position
+
+
+def test_a_refunds_mark_is_no_money_paid_in() -> None:
+    """``amount_source`` tells a payment bringing money in from a refund taking it back."""
+    block = {**INVOICE, "amountPaid": 300, "amountDue": 600}
+    payment = ev("payment.confirmed", 91001, reference="PAY-1", amount=300, invoice=block)
+    refund = ev("payment.refunded", 91010, reference="PAY-1", amount=300, status="REVERSED",
+                timestamp="20261122090000", invoice={**block, "amountPaid": 0,
+                                                     "amountDue": 900})
+    rows, _ = fold_all("invoices", [payment])
+    assert amount_source(rows["INV-1"]["provenance"]["amount_paid"]) == (payment.position, True)
+    rows, _ = fold_all("invoices", [payment, refund])
+    assert amount_source(rows["INV-1"]["provenance"]["amount_paid"]) == (refund.position, False)
