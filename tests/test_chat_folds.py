@@ -305,3 +305,39 @@ def test_after_every_delivery_a_status_never_went_back_and_a_window_never_shrank
                 latest, latest + timedelta(hours=24))
             if before is not None:
                 assert row["window_expires_at"] >= before["window_expires_at"]
+
+
+# -- found unpinned by mutation testing ----------------------------------------------------
+
+def test_rows_count_their_events_and_keep_the_highest_position_in_any_order() -> None:
+    messages = [chat_event(status("mc", "sent", T0), position=5),
+                chat_event(status("mc", "read", T0 + 20), position=9),
+                chat_event(status("mc", "delivered", T0 + 10), position=7)]
+    inbounds = [chat_event(inbound("ia", T0), position=4),
+                chat_event(inbound("ib", T0 + 60), position=8),
+                chat_event(inbound("ic", T0 + 30), position=6)]
+    for order in (messages, messages[::-1]):
+        row = fold(order, message_keys, fold_message)["mc"]
+        assert (row["event_count"], row["last_position"]) == (3, 9)
+    for order in (inbounds, inbounds[::-1]):
+        [thread] = fold(order, thread_keys, fold_thread).values()
+        assert (thread["event_count"], thread["last_position"]) == (3, 8)
+
+
+def test_an_inbound_message_without_a_customer_id_opens_no_thread() -> None:
+    """No ``contactWaId`` and no ``message.from``: whose window it would open is unknown."""
+    body = inbound("wamid.ANON", T0)
+    del body["contactWaId"]
+    del body["message"]["from"]
+    event = chat_event(body)
+    assert event.event_type == "chat.message.received" and thread_keys(event) == []
+    assert message_keys(event) == ["wamid.ANON"]
+
+
+def test_the_inbound_message_describes_its_row_over_any_status_of_that_id() -> None:
+    """Ranked above every status whatever its time: the message's own direction and text."""
+    received = chat_event(inbound("wamid.BOTH", T0))
+    later_status = chat_event(status("wamid.BOTH", "read", T0 + 60))
+    for order in ([received, later_status], [later_status, received]):
+        row = fold(order, message_keys, fold_message)["wamid.BOTH"]
+        assert (row["direction"], row["type"], row["body"]) == ("inbound", "text", "habari")
