@@ -624,3 +624,145 @@ def test_a_refunded_invoice_payment_is_left_for_a_person() -> None:
     row = {"outcome": None, "amount": None, "recovered": False, "settled": True,
            "amount_paid": Decimal(0)}
     assert settle("refunded_invoice_payment", {}, row) is None
+
+
+# -- found unpinned by mutation testing ----------------------------------------------------
+
+def _checked(local: Local, provider: ProviderRecord | None, *, now: datetime = NOW) -> Any:
+    lookup = (Lookup("R", "found", provider) if provider is not None
+              else Lookup("R", "not_found"))
+    return decide(local, lookup, now=now, window=WINDOW)
+
+
+@pytest.mark.parametrize(("ours", "theirs"), [(700, 500), (500, 700)])
+def test_a_status_mismatch_puts_the_larger_amount_at_risk(ours: int, theirs: int) -> None:
+    local = Local("collection", "R", "success", "SUCCESSFUL", Decimal(ours),
+                  since=NOW - timedelta(hours=1))
+    [found] = _checked(local, record("failure", Decimal(theirs))).detect
+    assert (found.kind, found.amount_at_risk) == ("status_mismatch", Decimal(700))
+
+
+def test_the_provider_knowing_the_reference_resolves_unknown_at_provider() -> None:
+    unknown = OpenDiscrepancy("id-u", "unknown_at_provider")
+    local = Local("collection", "R", "success", "SUCCESSFUL", Decimal(10),
+                  since=NOW - timedelta(hours=1), open=(unknown,))
+    verdict = _checked(local, record("success", Decimal(10)))
+    assert verdict.result == "agrees"
+    assert dict(verdict.resolve) == {"id-u": "the provider now knows the reference"}
+
+
+@pytest.mark.parametrize("ours", [None, "success"])
+def test_a_provider_still_pending_within_the_window_is_pending_and_finds_nothing(
+        ours: str | None) -> None:
+    """Within the resolution window a pending answer is no news, whatever webhooks say."""
+    local = Local("collection", "R", ours, None if ours is None else "SUCCESSFUL",
+                  since=NOW - timedelta(seconds=10))
+    verdict = _checked(local, record("pending", Decimal(10)))
+    assert (verdict.result, verdict.detect, verdict.settled) == ("pending", (), False)
+
+
+def test_a_provider_still_pending_after_the_window_is_unresolved_with_the_most_at_risk() -> None:
+    local = Local("collection", "R", since=NOW - WINDOW, amount=Decimal(300),
+                  expected_amount=Decimal(500))
+    verdict = _checked(local, record("pending", Decimal(400)))
+    [found] = verdict.detect
+    assert verdict.result == "unresolved"
+    assert (found.kind, found.amount_at_risk) == ("unresolved", Decimal(500))
+
+
+@pytest.mark.parametrize(("paid", "at_risk"), [(1200, 200), (800, 200)])
+def test_paid_other_than_expected_is_an_amount_mismatch_of_the_difference(
+        paid: int, at_risk: int) -> None:
+    """Over or under: the difference is at risk, never a negative amount."""
+    local = Local("collection", "R", since=NOW - timedelta(hours=1),
+                  expected_amount=Decimal(1000))
+    verdict = _checked(local, record("success", Decimal(paid)))
+    found = {d.kind: d for d in verdict.detect}
+    assert found["amount_mismatch"].amount_at_risk == Decimal(at_risk)
+    assert found["amount_mismatch"].facts["basis"] == "expectation"
+
+
+@pytest.mark.parametrize("outcome", ["failure", "refunded"])
+def test_only_a_success_is_held_to_its_expected_amount(outcome: str) -> None:
+    """A failed (or refunded) payment received nothing to compare with what was expected."""
+    local = Local("collection", "R", since=NOW - timedelta(hours=1),
+                  expected_amount=Decimal(1000))
+    verdict = _checked(local, record(outcome, Decimal(0)))
+    assert [d.kind for d in verdict.detect] == ["missing_webhook"]
+
+
+def test_states_that_agree_now_leave_only_the_amount_to_an_amount_mismatch() -> None:
+    """An open status_mismatch closes once the states agree; the amount that differs is
+    the amount_mismatch's to carry."""
+    stale = OpenDiscrepancy("id-s", "status_mismatch", {"provider_outcome": "failure"})
+    local = Local("collection", "R", "success", "SUCCESSFUL", Decimal(700),
+                  since=NOW - timedelta(hours=1), open=(stale,))
+    verdict = _checked(local, record("success", Decimal(500)))
+    assert [(d.kind, d.amount_at_risk) for d in verdict.detect] == [
+        ("amount_mismatch", Decimal(200))]
+    assert dict(verdict.resolve) == {"id-s": "a check agrees with the provider on the state"}
+
+
+def test_an_agreeing_check_is_settled_and_a_fresh_mismatch_is_not() -> None:
+    local = Local("collection", "R", "success", "SUCCESSFUL", Decimal(10),
+                  since=NOW - timedelta(hours=1))
+    assert _checked(local, record("success", Decimal(10))).settled is True
+    assert _checked(local, record("failure", Decimal(10))).settled is False
+
+
+def test_a_finding_closed_for_several_reasons_gives_the_first() -> None:
+    """A record of another kind reported, now this subject's and agreeing: closed because
+    the record is this subject's now, the reason found first."""
+    other = OpenDiscrepancy("id-k", "status_mismatch", {"provider_kinds": "invoice"})
+    local = Local("collection", "R", "success", "SUCCESSFUL", Decimal(10),
+                  since=NOW - timedelta(hours=1), open=(other,))
+    verdict = _checked(local, record("success", Decimal(10)))
+    assert dict(verdict.resolve) == {"id-k": "the provider's record is now a collection"}
+
+
+def test_a_denied_subject_whose_webhooks_then_spoke_supersedes_its_finding() -> None:
+    """Found before any webhook came; a webhook now calls it paid: a new finding with the
+    warning, and the old one closed saying why."""
+    before = OpenDiscrepancy("id-d", "unknown_at_provider", {})
+    local = Local("collection", "R", "success", "SUCCESSFUL", Decimal(10),
+                  since=NOW - timedelta(hours=1), open=(before,))
+    verdict = _checked(local, None)
+    [found] = verdict.detect
+    assert found.facts == {"webhook_outcome": "success"}
+    assert dict(verdict.resolve) == {"id-d": "superseded: its webhooks now say success"}
+
+
+def test_a_reference_webhooks_brought_under_the_providers_spelling_names_it() -> None:
+    local = Local("collection", "CASE-1", since=NOW - timedelta(hours=1), known_as="case-1")
+    [found] = decide(local, Lookup("CASE-1", "found", record("success", Decimal(100))),
+                     now=NOW, window=WINDOW).detect
+    assert found.kind == "status_mismatch" and found.facts["provider_reference"] == "case-1"
+
+
+@pytest.mark.parametrize("kind", ["unsettled_paid_invoice", "cancelled_invoice_paid",
+                                  "unresolved", "missing_webhook", "amount_mismatch"])
+def test_no_row_settles_nothing(kind: str) -> None:
+    assert settle(kind, {"provider_outcome": "success"}, None) is None
+
+
+def test_an_unsettled_paid_invoice_is_settled_only_by_a_settled_row() -> None:
+    assert settle("unsettled_paid_invoice", {}, {"settled": True}) is not None
+    assert settle("unsettled_paid_invoice", {}, {"settled": False}) is None
+
+
+@pytest.mark.parametrize(("outcome", "settles"), [
+    ("success", True), ("failure", True), ("refunded", True), ("pending", False), (None, False)])
+def test_unresolved_is_settled_only_by_a_final_state(outcome: str | None, settles: bool) -> None:
+    row = {"subject": "collection", "outcome": outcome, "recovered": False}
+    assert (settle("unresolved", {"provider_outcome": "pending"}, row) is not None) is settles
+
+
+def test_an_amount_mismatch_is_settled_by_a_webhook_of_the_providers_amount_in_any_spelling(
+        ) -> None:
+    row = {"subject": "collection", "outcome": "success", "recovered": False,
+           "amount": Decimal("1000.00")}
+    webhook = {"provider_outcome": "success", "provider_amount": "1000", "basis": "webhook"}
+    assert settle("amount_mismatch", webhook, row) is not None
+    assert settle("amount_mismatch", webhook, {**row, "amount": Decimal(999)}) is None
+    # paid other than expected: no webhook can change what was paid
+    assert settle("amount_mismatch", {**webhook, "basis": "expectation"}, row) is None
