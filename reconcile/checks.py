@@ -250,11 +250,15 @@ def decide(local: Local, lookup: Lookup, *, now: datetime, window: timedelta) ->
             () if local.recovered else ("conflicting_events",))
         resolve += [(d.id, "a check agrees with the provider") for d in local.open
                     if d.kind in agreed]
-    elif not status_differs and not behind:
-        # the states agree now and only the amount differs: that is an amount_mismatch's
-        # to carry, with the difference at risk, not the whole amount
-        resolve += [(d.id, "a check agrees with the provider on the state") for d in local.open
-                    if d.kind == "status_mismatch"]
+    elif not status_differs:
+        # the states agree now (or do once this check's recovery is folded) and only the
+        # amount differs: that is an amount_mismatch's to carry, with the difference at
+        # risk, not the whole amount. A recovered state was once left out: its open
+        # status_mismatch stayed beside the amount_mismatch, and once a person resolved
+        # that, the subject counted as settled and it was never closed
+        reason = ("the provider's state is recovered" if recover is not None
+                  else "a check agrees with the provider on the state")
+        resolve += [(d.id, reason) for d in local.open if d.kind == "status_mismatch"]
     result = "recovered" if recover else "mismatch" if mismatch else "agrees"
     # a mismatch a person resolved, found again unchanged, is settled: asked about again
     # when the row changes (and by the refund re-check), not every backoff for ever

@@ -766,3 +766,20 @@ def test_an_amount_mismatch_is_settled_by_a_webhook_of_the_providers_amount_in_a
     assert settle("amount_mismatch", webhook, {**row, "amount": Decimal(999)}) is None
     # paid other than expected: no webhook can change what was paid
     assert settle("amount_mismatch", {**webhook, "basis": "expectation"}, row) is None
+
+
+@pytest.mark.parametrize("paid", [1000, 800])
+def test_a_recovered_state_closes_an_open_status_mismatch_whatever_the_amount(
+        paid: int) -> None:
+    """No webhook came, a status_mismatch was open, and the provider now reports a success
+    that is recovered: the states agree once it is folded, at the expected amount or not.
+    Short of it, the status_mismatch stayed open beside the amount_mismatch, and once a
+    person resolved that the subject counted as settled and it stayed open for good."""
+    stale = OpenDiscrepancy("id-s", "status_mismatch", {"provider_outcome": "pending"})
+    local = Local("collection", "R", None, None, None, since=NOW - timedelta(hours=1),
+                  expected_amount=Decimal(1000), open=(stale,))
+    verdict = _checked(local, record("success", Decimal(paid)))
+    assert verdict.recover is not None
+    assert [d.kind for d in verdict.detect] == ["missing_webhook"] + (
+        ["amount_mismatch"] if paid != 1000 else [])
+    assert "id-s" in dict(verdict.resolve)
