@@ -63,11 +63,7 @@ def with_dead_peer_detection(url: str) -> str:
     wanted = dict(DEAD_PEER_SETTINGS)
     if psycopg.pq.version() >= 120000:
         wanted["tcp_user_timeout"] = UNACKNOWLEDGED_MS
-    given = conninfo_to_dict(url)
-    missing = {name: value for name, value in wanted.items() if name not in given}
-    if not missing:
-        return url
-    return url + ("&" if "?" in url else "?") + urlencode(missing)
+    return _with_defaults(url, wanted)
 
 
 def speaking_utf8(url: str) -> str:
@@ -78,9 +74,17 @@ def speaking_utf8(url: str) -> str:
     every text value as bytes and the first command stopped with a traceback; in another
     encoding, the server converts from UTF-8 and refuses only what that encoding cannot
     hold (``hookledger.encoding`` warns of both)."""
-    if "client_encoding" in conninfo_to_dict(url):
+    return _with_defaults(url, {"client_encoding": "UTF8"})
+
+
+def _with_defaults(url: str, defaults: dict[str, str]) -> str:
+    """``url`` with each of libpq's ``defaults`` it does not set itself, as query
+    parameters (a user's own choice in the URL always wins)."""
+    given = conninfo_to_dict(url)
+    missing = {name: value for name, value in defaults.items() if name not in given}
+    if not missing:
         return url
-    return url + ("&" if "?" in url else "?") + "client_encoding=UTF8"
+    return url + ("&" if "?" in url else "?") + urlencode(missing)
 
 
 def sqlalchemy_url(url: str) -> str:

@@ -2,10 +2,10 @@
 
 ``rebuild`` replaces every projection row in ONE transaction: it locks the checkpoint rows
 (the live projector waits), deletes the rows (``DELETE``, not ``TRUNCATE``: readers keep
-seeing the old state until the commit), replays the whole ledger, and commits. Nobody ever
-sees a half-built projection.
-The findings its folds make that the ledger did not hold yet (new rules
-meeting old events) are appended in that transaction and folded right after it commits.
+seeing the old state until the commit), replays the ledger up to the head committed when
+it took that lock, and commits. Nobody ever sees a half-built projection. The findings its
+folds make that the ledger did not hold yet (new rules meeting old events) are appended in
+that transaction and folded right after it commits.
 
 ``verify`` rebuilds into temporary tables (a private shadow schema, ``pg_temp``) inside a
 ``REPEATABLE READ`` snapshot, up to the live checkpoint of that same snapshot, and compares
