@@ -107,9 +107,16 @@ def _risk(*amounts: Decimal | None) -> Decimal | None:
     return max(known) if known else None
 
 
+def _tzs(amount: Decimal) -> str:
+    """An amount as a finding's text shows it: in digits (``1000``, ``0.0000001``), never
+    ``str``'s ``1E+3`` or ``1E-7``, which a provider whose encoder strips trailing zeros
+    sends and which no person reading a report takes for an amount."""
+    return format(amount, "f")
+
+
 def _provider_facts(record: ProviderRecord) -> dict[str, Any]:
     return {"provider_outcome": record.outcome, "provider_status": record.status,
-            "provider_amount": None if record.amount is None else format(record.amount, "f"),
+            "provider_amount": None if record.amount is None else _tzs(record.amount),
             "provider_code": record.code}
 
 
@@ -230,17 +237,18 @@ def decide(local: Local, lookup: Lookup, *, now: datetime, window: timedelta) ->
           and local.amount != record.amount):
         found.append(Detection(
             "amount_mismatch",
-            f"webhooks say {local.amount} TZS, the provider says {record.amount} TZS",
+            f"webhooks say {_tzs(local.amount)} TZS, the provider says "
+            f"{_tzs(record.amount)} TZS",
             abs(local.amount - record.amount), {**facts, "basis": "webhook"}))
     if (record.outcome == "success" and local.expected_amount is not None
             and record.amount is not None and record.amount != local.expected_amount
             and not any(d.kind == "amount_mismatch" for d in found)):
         found.append(Detection(
             "amount_mismatch",
-            f"{record.amount} TZS paid of {local.expected_amount} TZS expected",
+            f"{_tzs(record.amount)} TZS paid of {_tzs(local.expected_amount)} TZS expected",
             abs(local.expected_amount - record.amount),
             {**facts, "basis": "expectation",
-             "expected_amount": format(local.expected_amount, "f")}))
+             "expected_amount": _tzs(local.expected_amount)}))
     status_differs = any(d.kind == "status_mismatch" for d in found)
     mismatch = status_differs or any(d.kind == "amount_mismatch" for d in found)
     if not mismatch:

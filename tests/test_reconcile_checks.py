@@ -783,3 +783,21 @@ def test_a_recovered_state_closes_an_open_status_mismatch_whatever_the_amount(
     assert [d.kind for d in verdict.detect] == ["missing_webhook"] + (
         ["amount_mismatch"] if paid != 1000 else [])
     assert "id-s" in dict(verdict.resolve)
+
+
+@pytest.mark.parametrize(("ours", "theirs", "expected", "detail"), [
+    # a provider whose encoder strips trailing zeros (Java's BigDecimal) writes 1E+3
+    (Decimal(999), Decimal("1E+3"), None, "webhooks say 999 TZS, the provider says 1000 TZS"),
+    (Decimal("0.0000001"), Decimal("2E-7"), None,
+     "webhooks say 0.0000001 TZS, the provider says 0.0000002 TZS"),
+    (None, Decimal("1.5E+3"), Decimal("2E+3"), "1500 TZS paid of 2000 TZS expected"),
+])
+def test_a_findings_amounts_are_written_out_in_digits(
+        ours: Decimal | None, theirs: Decimal, expected: Decimal | None, detail: str) -> None:
+    """The detail is what a person reads in every report: ``1E+3 TZS`` is no amount a
+    finance person reads, and ``1E-7`` none a spreadsheet keeps as text."""
+    local = Local("collection", "R", None if ours is None else "success",
+                  None if ours is None else "SUCCESSFUL", ours,
+                  since=NOW - timedelta(hours=1), expected_amount=expected)
+    verdict = _checked(local, record("success", theirs))
+    assert [d.detail for d in verdict.detect if d.kind == "amount_mismatch"] == [detail]
