@@ -167,7 +167,8 @@ class PassResult:
         lines = [f"checked {self.checked} subject(s) in {self.seconds:.1f} s: "
                  + (", ".join(f"{k} {n}" for k, n in sorted(self.results.items())) or "none")]
         for d in self.detected:
-            risk = d["amount_at_risk"] if d["amount_at_risk"] is not None else "-"
+            # in digits: a provider's amount is kept as it spelled it, 1E+3 perhaps
+            risk = "-" if d["amount_at_risk"] is None else format(d["amount_at_risk"], "f")
             lines.append(f"  detected {d['kind']:<20} {d['subject']:<10} {d['reference']:<24}"
                          f" at risk {risk}  {d['detail']}")
         for r in self.resolved:

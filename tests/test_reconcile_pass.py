@@ -1201,3 +1201,17 @@ def test_a_subject_is_never_given_up_inside_its_window(db_url: str) -> None:
         after = reconcile(db_url, api.url, now=start + timedelta(days=41), **window)
         assert (state.asked["PO-LONG"], after.given_up) == (3, 1)
         assert [kind for kind, *_ in discrepancies(db_url)] == ["unknown_at_provider"]
+
+
+def test_a_passs_printed_findings_write_the_amount_at_risk_in_digits() -> None:
+    """``hookledger reconcile`` prints what a pass found: a missing_webhook's amount at risk
+    is the provider's amount as it spelled it, and ``1E+3`` is no amount a person reads."""
+    result = runner.PassResult("p")
+    result.detected.append({"kind": "missing_webhook", "subject": "collection",
+                            "reference": "R", "detail": "d",
+                            "amount_at_risk": Decimal("1E+3")})
+    result.detected.append({"kind": "unresolved", "subject": "collection",
+                            "reference": "S", "detail": "d",
+                            "amount_at_risk": Decimal("5E-7")})
+    lines = result.summary()
+    assert "at risk 1000 " in lines[1] and "at risk 0.0000005 " in lines[2]
