@@ -14,6 +14,7 @@ from typing import Any
 
 from ledger import StoredEvent
 from ledger.instants import storable_instant
+from ledger.money import amount_text, difference
 from projections.folding import (
     OLD_TIEBREAK,
     Discrepancy,
@@ -143,8 +144,9 @@ def _fold_money(row: Row | None, event: StoredEvent, *, kind: str, rank: int,
 
 
 def _amount_text(amount: Decimal) -> str:
-    """One spelling per value, so 700 and 700.00 are the same amount."""
-    return format(amount.normalize(), "f")
+    """One spelling per value, so 700 and 700.00 are the same amount; exactly, so two
+    amounts differing in the 29th digit are two (:mod:`ledger.money`)."""
+    return amount_text(amount)
 
 
 def _code_contradiction(subject: str, event: StoredEvent, counts_as: str,
@@ -222,7 +224,8 @@ def _conflicts(evidence: dict[str, Any], slot: str, amount: Decimal | None,
             low_text, high_text = _amount_text(low), _amount_text(high)
             found.append(_conflict(
                 kind, reference, f"confirmations carry different amounts, {low_text} and "
-                f"{high_text}", high - low, f"amount:{low_text}", f"amount:{high_text}"))
+                f"{high_text}", difference(high, low), f"amount:{low_text}",
+                f"amount:{high_text}"))
         return found
     return []
 

@@ -1174,3 +1174,38 @@ def test_a_refunds_mark_is_no_money_paid_in() -> None:
     assert amount_source(rows["INV-1"]["provenance"]["amount_paid"]) == (payment.position, True)
     rows, _ = fold_all("invoices", [payment, refund])
     assert amount_source(rows["INV-1"]["provenance"]["amount_paid"]) == (refund.position, False)
+
+
+def _spelt(event: str, code: int, amount: str, **kwargs: Any) -> StoredEvent:
+    """An event whose body spells ``amount`` exactly so (a float in json.dumps would not)."""
+    import json
+
+    from ingest.general_body import read_general
+    from ingest.json_body import parse_object
+    from ledger import NewEvent
+    from tests.general_events import general_body
+    raw = json.dumps(general_body(event, code, amount="@", **kwargs)).replace(
+        '"@"', amount).encode()
+    read = read_general(parse_object(raw)[0], EAT)
+    return stored(NewEvent(stream=read.stream, event_type=read.event_type, source="general",
+                           dedupe_key=read.dedupe_key, payload_json=raw.decode(),
+                           received_at=datetime.now(UTC), facts=read.facts,
+                           occurred_at=read.occurred_at, raw_body=raw))
+
+
+@pytest.mark.parametrize("other", ["1000.0000000000000000000000001",  # the 29th digit
+                                   "999999999999999.000000000000001"])  # 30 digits
+def test_confirmations_differing_past_the_28th_digit_are_two_amounts(other: str) -> None:
+    """Ingest keeps every digit of an amount (up to 10**16, to 10**-15 and past it): two
+    confirmations it keeps apart are two amounts, as their dedupe keys say. Compared after
+    ``normalize()`` in the default 28-digit context they were one, and no conflict showed."""
+    plain = str(Decimal(other).to_integral_value())
+    events = [_spelt("payment.confirmed", 91000, plain, reference="P"),
+              _spelt("payment.confirmed", 91000, other, reference="P", transaction_id="TX-2",
+                     timestamp="20261122083100")]
+    assert events[0].dedupe_key != events[1].dedupe_key
+    for order in (events, events[::-1]):
+        _, found = fold_all("payments", order)
+        assert [d.kind for d in found] == ["conflicting_events"]
+        assert found[0].amount_at_risk == abs(Decimal(other) - Decimal(plain))
+        assert found[0].evidence == (f"amount:{plain}", f"amount:{other}")

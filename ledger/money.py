@@ -1,0 +1,25 @@
+"""Arithmetic on amounts with every digit kept.
+
+``Decimal``'s default context rounds every result to 28 significant digits, and ingest
+keeps amounts of more (up to 10**16 TZS, to 10**-15 and past it: ``999999999999999.5``
+with fifteen more places is 31 digits). Compared or subtracted in that context, two amounts
+a dedupe key keeps apart were one, and a difference was rounded; in :data:`EXACT` nothing
+is ever rounded (the values ingest admits are far inside its range).
+"""
+
+from __future__ import annotations
+
+from decimal import MAX_EMAX, MAX_PREC, MIN_EMIN, Context, Decimal
+
+EXACT = Context(prec=MAX_PREC, Emax=MAX_EMAX, Emin=MIN_EMIN)
+
+
+def amount_text(amount: Decimal) -> str:
+    """One spelling per value, in digits and exactly: ``700``, ``700.00`` and ``7E+2`` are
+    ``700``; ``0.5`` stays ``0.5``; a 29th digit is kept."""
+    return format(amount.normalize(EXACT), "f")
+
+
+def difference(high: Decimal, low: Decimal) -> Decimal:
+    """``high - low``, exactly."""
+    return EXACT.subtract(high, low)
