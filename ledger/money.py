@@ -9,6 +9,7 @@ is ever rounded (the values ingest admits are far inside its range).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from decimal import MAX_EMAX, MAX_PREC, MIN_EMIN, Context, Decimal
 
 EXACT = Context(prec=MAX_PREC, Emax=MAX_EMAX, Emin=MIN_EMIN)
@@ -23,3 +24,11 @@ def amount_text(amount: Decimal) -> str:
 def difference(high: Decimal, low: Decimal) -> Decimal:
     """``high - low``, exactly."""
     return EXACT.subtract(high, low)
+
+
+def total(amounts: Iterable[Decimal]) -> Decimal:
+    """The sum, exactly: ``sum()`` rounds each addition to 28 digits."""
+    result = Decimal(0)
+    for amount in amounts:
+        result = EXACT.add(result, amount)
+    return result

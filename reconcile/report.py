@@ -41,6 +41,7 @@ from decimal import Decimal
 from typing import Any
 
 from ingest.codes import CODES
+from ledger.money import total
 
 SCHEMA_VERSION = 1
 AGING = (("<1h", 3600), ("1h-24h", 86400), ("1d-7d", 7 * 86400), (">7d", None))
@@ -174,7 +175,7 @@ def at_risk(rows: Iterable[Row]) -> Decimal:
     for row in rows:
         key = (row.subject, row.reference)
         largest[key] = max(largest.get(key, Decimal(0)), row.amount_at_risk or Decimal(0))
-    return sum(largest.values(), Decimal(0))
+    return total(largest.values())
 
 
 def aging_bucket(now: datetime, detected_at: datetime) -> str:
@@ -237,17 +238,16 @@ class ReportTotals:
         if len(held) == 1:  # most payments: its one amount (at least 0) everywhere
             row, bucket = held[0]
             amount = max(Decimal(0), row.amount_at_risk or Decimal(0))
-            self.risk += amount
-            self.risk_by["kind"][row.kind] += amount
-            self.risk_by["service"][row.service] += amount
-            self.risk_by["aging"][bucket] += amount
+            self.risk = total((self.risk, amount))
+            for axis, key in (("kind", row.kind), ("service", row.service), ("aging", bucket)):
+                self.risk_by[axis][key] = total((self.risk_by[axis][key], amount))
             return
-        self.risk += at_risk(row for row, _ in held)
+        self.risk = total((self.risk, at_risk(row for row, _ in held)))
         for axis, key_of in (("kind", lambda r, _: r.kind), ("service", lambda r, _: r.service),
                              ("aging", lambda _, bucket: bucket)):
             for key in {key_of(row, bucket) for row, bucket in held}:
-                self.risk_by[axis][key] += at_risk(
-                    row for row, bucket in held if key_of(row, bucket) == key)
+                self.risk_by[axis][key] = total((self.risk_by[axis][key], at_risk(
+                    row for row, bucket in held if key_of(row, bucket) == key)))
 
     def summary(self, since: datetime | None) -> dict[str, Any]:
         """The report without its ``open`` list (which comes last, so that it can follow)."""

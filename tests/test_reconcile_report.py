@@ -10,10 +10,13 @@ import os
 import re
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
 
 from hookledger.cli import main
 from reconcile.report import Row, Windows, build_report
@@ -353,3 +356,38 @@ def test_a_disk_too_full_for_the_report_still_gets_the_expired_ones_removed(
     assert asyncio.run(reports.report_once()) is None  # failed, and said so
     assert not old.exists()
     assert written_on and threading.main_thread().name not in written_on
+
+
+# amounts as ingest admits them: below 10**16, down to 10**-15 and past it
+RISKS = st.decimals(min_value=0, max_value=Decimal("9999999999999999.999999999999999"),
+                    places=15, allow_nan=False, allow_infinity=False)
+
+
+@given(risks=st.lists(RISKS, min_size=1, max_size=12),
+       kinds=st.lists(st.sampled_from(["missing_webhook", "amount_mismatch"]), min_size=12,
+                      max_size=12))
+def test_money_at_risk_is_summed_without_rounding(risks: list[Decimal],
+                                                  kinds: list[str]) -> None:
+    """Every total is the exact sum, as SQL's ``sum`` over numeric gives it (the README's
+    money_at_risk total is the reports'): in Decimal's default context each addition was
+    rounded to 28 digits, and 999999999999999.5 plus a payment of 10**-15 lost the latter."""
+    now = datetime(2026, 11, 22, 12, tzinfo=UTC)
+    items = [Row(f"d{i}", kinds[i], "Collection", "collection", f"R-{i}", "d", risk, "open",
+                now - timedelta(minutes=5), None) for i, risk in enumerate(risks)]
+    report = build_report(items, now=now)
+    exact = sum((Fraction(r) for r in risks), Fraction(0))
+    assert Fraction(Decimal(report["totals"]["amount_at_risk_open"])) == exact
+    assert sum(Fraction(Decimal(k["amount_at_risk_open"])) for k in report["by_kind"]) == exact
+    assert Fraction(Decimal(report["by_service"][0]["amount_at_risk_open"])) == exact
+    assert sum(Fraction(Decimal(a["amount_at_risk"])) for a in report["aging"]) == exact
+    for text in render(report, "md").split():
+        assert "E+" not in text and "E-" not in text
+
+
+def test_money_at_risk_of_fifteen_places_on_a_large_amount_is_kept() -> None:
+    now = datetime(2026, 11, 22, 12, tzinfo=UTC)
+    items = [Row(f"d{i}", "missing_webhook", "Collection", "collection", f"R-{i}", "d",
+                Decimal(risk), "open", now - timedelta(minutes=5), None)
+            for i, risk in enumerate(["999999999999999.5", "0.000000000000001"])]
+    assert build_report(items, now=now)["totals"]["amount_at_risk_open"] == \
+        "999999999999999.500000000000001"
