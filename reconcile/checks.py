@@ -41,6 +41,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+from ledger.money import difference
 from reconcile.client import Lookup
 from reconcile.records import RECOVERY_EVENT, TERMINAL, ProviderRecord
 
@@ -112,6 +113,12 @@ def _tzs(amount: Decimal) -> str:
     ``str``'s ``1E+3`` or ``1E-7``, which a provider whose encoder strips trailing zeros
     sends and which no person reading a report takes for an amount."""
     return format(amount, "f")
+
+
+def _apart(one: Decimal, other: Decimal) -> Decimal:
+    """How far two amounts are apart, exactly (``abs(a - b)`` rounds to 28 digits, and
+    amounts of up to 16 digits and 15 places and more are read)."""
+    return difference(max(one, other), min(one, other))
 
 
 def _provider_facts(record: ProviderRecord) -> dict[str, Any]:
@@ -239,14 +246,14 @@ def decide(local: Local, lookup: Lookup, *, now: datetime, window: timedelta) ->
             "amount_mismatch",
             f"webhooks say {_tzs(local.amount)} TZS, the provider says "
             f"{_tzs(record.amount)} TZS",
-            abs(local.amount - record.amount), {**facts, "basis": "webhook"}))
+            _apart(local.amount, record.amount), {**facts, "basis": "webhook"}))
     if (record.outcome == "success" and local.expected_amount is not None
             and record.amount is not None and record.amount != local.expected_amount
             and not any(d.kind == "amount_mismatch" for d in found)):
         found.append(Detection(
             "amount_mismatch",
             f"{_tzs(record.amount)} TZS paid of {_tzs(local.expected_amount)} TZS expected",
-            abs(local.expected_amount - record.amount),
+            _apart(local.expected_amount, record.amount),
             {**facts, "basis": "expectation",
              "expected_amount": _tzs(local.expected_amount)}))
     status_differs = any(d.kind == "status_mismatch" for d in found)

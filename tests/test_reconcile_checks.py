@@ -7,6 +7,7 @@ import json
 import random
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -801,3 +802,24 @@ def test_a_findings_amounts_are_written_out_in_digits(
                   since=NOW - timedelta(hours=1), expected_amount=expected)
     verdict = _checked(local, record("success", theirs))
     assert [d.detail for d in verdict.detect if d.kind == "amount_mismatch"] == [detail]
+
+
+@given(ours=st.decimals(min_value=0, max_value=Decimal("9999999999999999.999999999999999"),
+                        places=15),
+       theirs=st.decimals(min_value=0, max_value=Decimal("9999999999999999.999999999999999"),
+                          places=15),
+       basis=st.sampled_from(["webhook", "expectation"]))
+def test_an_amount_mismatch_puts_the_exact_difference_at_risk(
+        ours: Decimal, theirs: Decimal, basis: str) -> None:
+    """Amounts as ingest and the record reader admit them (below 10**16, to 15 places and
+    more): the difference was taken in Decimal's 28-digit context, and rounded."""
+    if ours == theirs:
+        return
+    webhook = basis == "webhook"
+    local = Local("collection", "R", "success" if webhook else None,
+                  "SUCCESSFUL" if webhook else None, ours if webhook else None,
+                  since=NOW - timedelta(hours=1), expected_amount=None if webhook else ours)
+    [found] = [d for d in _checked(local, record("success", theirs)).detect
+               if d.kind == "amount_mismatch"]
+    assert found.amount_at_risk is not None
+    assert Fraction(found.amount_at_risk) == abs(Fraction(ours) - Fraction(theirs))
