@@ -617,7 +617,10 @@ def fold_invoice(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrep
         if due is None or due != 0:
             found.append(Discrepancy(
                 kind="unsettled_paid_invoice", subject="invoice", reference=number,
-                detail=f"invoice.paid arrived with amountDue {due}; not settled",
+                detail="invoice.paid arrived "
+                       + ("without amountDue" if due is None
+                          else f"with amountDue {format(due, 'f')}")  # never 1E-7
+                       + "; not settled",
                 amount_at_risk=due, evidence=(event.dedupe_key,)))
             state["conflicted"] = True
     if event.event_type.startswith("invoice.") and facts.get("code_event_conflict"):

@@ -1209,3 +1209,18 @@ def test_confirmations_differing_past_the_28th_digit_are_two_amounts(other: str)
         assert [d.kind for d in found] == ["conflicting_events"]
         assert found[0].amount_at_risk == abs(Decimal(other) - Decimal(plain))
         assert found[0].evidence == (f"amount:{plain}", f"amount:{other}")
+
+
+@pytest.mark.parametrize(("due", "said"), [("1E-7", "with amountDue 0.0000001"),
+                                          (None, "without amountDue")])
+def test_an_unsettled_paid_invoice_says_what_is_due_in_digits(due: str | None,
+                                                              said: str) -> None:
+    """The finding's detail is what every report shows: ``str`` of a Decimal wrote an
+    amount under a millionth as ``1E-7``, and a block without amountDue as ``None``."""
+    block = {**INVOICE, "amountPaid": 900, **({"amountDue": "@"} if due else {})}
+    event = _spelt("invoice.paid", 93002, due or "900", reference="INV-1",
+                   service="Invoicing", invoice=block)
+    _, found = fold_all("invoices", [event])
+    [finding] = found
+    assert finding.kind == "unsettled_paid_invoice"
+    assert finding.detail == f"invoice.paid arrived {said}; not settled"
