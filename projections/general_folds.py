@@ -475,7 +475,7 @@ def _invoice_order(event: StoredEvent, paid: Decimal | None) -> list[Any]:
     rank = (RECOVERED_INVOICE_RANK if recovered
             else INVOICE_RANK.get(event.event_type, INVOICE_RANK["payment.confirmed"]))
     return [when.timestamp() if when else 0.0, refund,
-            str(-received if refund else received), rank,
+            str(received.copy_negate() if refund else received), rank,  # exact
             tiebreak(event.dedupe_key), event.position]
 
 
@@ -667,7 +667,7 @@ def _amount_due_now(state: Row, marks: dict[str, Any]) -> Decimal | None:
     total, paid = state["total"], state["amount_paid"]
     due_mark = _held_mark(marks, "amount_due")
     if due is None or total is None or paid is None or due_mark is None \
-            or total - paid == due:
+            or difference(total, paid) == due:  # exactly: 28 digits rounded it onto due
         return due
     for name in ("total", "amount_paid"):
         mark = _held_mark(marks, name)

@@ -1176,16 +1176,20 @@ def test_a_refunds_mark_is_no_money_paid_in() -> None:
     assert amount_source(rows["INV-1"]["provenance"]["amount_paid"]) == (refund.position, False)
 
 
-def _spelt(event: str, code: int, amount: str, **kwargs: Any) -> StoredEvent:
-    """An event whose body spells ``amount`` exactly so (a float in json.dumps would not)."""
+def _spelt(event: str, code: int, amount: str, *, numbers: dict[str, str] | None = None,
+           **kwargs: Any) -> StoredEvent:
+    """An event whose body spells ``amount`` exactly so (a float in json.dumps would not),
+    and each string ``"@name"`` in it as ``numbers[name]``."""
     import json
 
     from ingest.general_body import read_general
     from ingest.json_body import parse_object
     from ledger import NewEvent
     from tests.general_events import general_body
-    raw = json.dumps(general_body(event, code, amount="@", **kwargs)).replace(
-        '"@"', amount).encode()
+    text = json.dumps(general_body(event, code, amount="@", **kwargs)).replace('"@"', amount)
+    for name, number in (numbers or {}).items():
+        text = text.replace(f'"@{name}"', number)
+    raw = text.encode()
     read = read_general(parse_object(raw)[0], EAT)
     return stored(NewEvent(stream=read.stream, event_type=read.event_type, source="general",
                            dedupe_key=read.dedupe_key, payload_json=raw.decode(),
@@ -1224,3 +1228,22 @@ def test_an_unsettled_paid_invoice_says_what_is_due_in_digits(due: str | None,
     [finding] = found
     assert finding.kind == "unsettled_paid_invoice"
     assert finding.detail == f"invoice.paid arrived {said}; not settled"
+
+
+def test_an_outdated_amount_due_is_told_by_the_exact_total_less_paid() -> None:
+    """A later block gives total and amountPaid without amountDue: the earlier due stands
+    only if it is exactly total less paid. Taken in the 28-digit default context, the
+    difference 999999999999998.500000000000001 was rounded onto the earlier due of
+    999999999999998.5, which was shown as current."""
+    first = _spelt("invoice.updated", 93001, "900", reference="INV-1", service="Invoicing",
+                   timestamp="20261122080000",
+                   invoice={**INVOICE, "total": "@t", "amountPaid": "@p", "amountDue": "@d"},
+                   numbers={"t": "999999999999999", "p": "0.5", "d": "999999999999998.5"})
+    later = _spelt("invoice.updated", 93001, "900", reference="INV-1", service="Invoicing",
+                   timestamp="20261122081000",
+                   invoice={**INVOICE, "total": "@t", "amountPaid": "@p"},
+                   numbers={"t": "999999999999999.000000000000001", "p": "0.5"})
+    for order in ([first, later], [later, first]):
+        rows, _ = fold_all("invoices", order)
+        assert rows["INV-1"]["total"] == Decimal("999999999999999.000000000000001")
+        assert rows["INV-1"]["amount_due"] is None and not rows["INV-1"]["settled"]
