@@ -71,9 +71,11 @@ def whole_number(value: Any, digits: int | None = None) -> Any:
 def plain_zero(zero: Decimal, places: int) -> Decimal:
     """A zero as spelled (``0.00``) within ``places`` decimal places, else plain ``0``: its
     exponent says nothing, and ``0E-20000`` handed on as 20,000 places fails a ``numeric``
-    column, the projector's every batch with it."""
+    column, the projector's every batch with it. Never ``-0`` (JSON allows it): no amount
+    is below zero, and kept, ``-0`` beside ``0`` read as two confirmed amounts."""
     exponent = zero.as_tuple().exponent
-    return zero if isinstance(exponent, int) and -places <= exponent <= 0 else Decimal(0)
+    return (zero.copy_abs() if isinstance(exponent, int) and -places <= exponent <= 0
+            else Decimal(0))
 
 
 def _integer(text: str) -> int:

@@ -17,8 +17,9 @@ EXACT = Context(prec=MAX_PREC, Emax=MAX_EMAX, Emin=MIN_EMIN)
 
 def amount_text(amount: Decimal) -> str:
     """One spelling per value, in digits and exactly: ``700``, ``700.00`` and ``7E+2`` are
-    ``700``; ``0.5`` stays ``0.5``; a 29th digit is kept."""
-    return format(amount.normalize(EXACT), "f")
+    ``700``; ``0.5`` stays ``0.5``; a 29th digit is kept; ``-0`` (in facts kept before
+    ingest read it as ``0``) is ``0``."""
+    return format(amount.normalize(EXACT), "f") if amount else "0"
 
 
 def difference(high: Decimal, low: Decimal) -> Decimal:

@@ -1247,3 +1247,17 @@ def test_an_outdated_amount_due_is_told_by_the_exact_total_less_paid() -> None:
         rows, _ = fold_all("invoices", order)
         assert rows["INV-1"]["total"] == Decimal("999999999999999.000000000000001")
         assert rows["INV-1"]["amount_due"] is None and not rows["INV-1"]["settled"]
+
+
+@pytest.mark.parametrize("zero", ["-0", "-0.00", "-0E+3"])
+def test_negative_zero_is_zero(zero: str) -> None:
+    """JSON allows ``-0``; it is no amount below zero and no other amount than ``0``. Kept as
+    spelled, a confirmation of -0 beside one of 0 was a conflicting_events between 'the
+    amounts -0 and 0', and -0 reached the facts and every text written from them."""
+    events = [_spelt("payment.confirmed", 91000, zero, reference="P"),
+              _spelt("payment.confirmed", 91000, "0", reference="P", transaction_id="TX-2",
+                     timestamp="20261122083100")]
+    assert events[0].facts["amount"] == format(Decimal(zero).copy_abs(), "f")
+    for order in (events, events[::-1]):
+        rows, found = fold_all("payments", order)
+        assert found == [] and rows["P"]["amount"] == 0
