@@ -32,6 +32,15 @@ RECHECK_PRIORITY = 4  # the ``recent`` part of DUE_SQL (passed in): the rolling 
 LATER_STATES = {subject: sorted(SUCCESSORS.get(subject, {})) for subject in ("collection",
                                                                             "payout")}
 
+# Since when a payment or payout row has been in its state, as far as reconciliation counts
+# (its window, its backoff's age): the provider's time (``updated_at``), but never later
+# than when its last event reached us (``le``: the ledger event at the row's
+# ``last_position``), and that when it has none. A ``timestamp`` ahead of the clock (the
+# provider's clock fast, a zone misread) held a pending payout unasked until that time came,
+# for ever with a year 2099, and its backoff counted its age as none. The chat window is
+# bounded by arrival alike (``projections.chat_folds.window_start``).
+STATE_SINCE = "least(r.updated_at, le.received_at)"
+
 DUE_SQL = """
 WITH candidates AS (
     SELECT e.kind AS subject, e.reference, 1 AS priority, NULL::timestamptz AS detected_at
@@ -51,11 +60,17 @@ WITH candidates AS (
            OR (coalesce(p.outcome, o.outcome) = 'success'
                AND coalesce(p.amount, o.amount) <> e.amount))
     UNION ALL
-    SELECT 'payout', reference, 2, NULL FROM hookledger_private.payouts
-    WHERE outcome NOT IN ('success', 'failure', 'refunded') AND updated_at <= %(overdue)s
+    -- not final: overdue a window after the provider's time, or after the row's last
+    -- event arrived if that is earlier (see STATE_SINCE)
+    SELECT 'payout', o.reference, 2, NULL FROM hookledger_private.payouts o
+    LEFT JOIN hookledger_private.ledger_events le ON le.position = o.last_position
+    WHERE o.outcome NOT IN ('success', 'failure', 'refunded')
+      AND least(o.updated_at, le.received_at) <= %(overdue)s
     UNION ALL
-    SELECT 'collection', reference, 2, NULL FROM hookledger_private.payments
-    WHERE outcome NOT IN ('success', 'failure', 'refunded') AND updated_at <= %(overdue)s
+    SELECT 'collection', p.reference, 2, NULL FROM hookledger_private.payments p
+    LEFT JOIN hookledger_private.ledger_events le ON le.position = p.last_position
+    WHERE p.outcome NOT IN ('success', 'failure', 'refunded')
+      AND least(p.updated_at, le.received_at) <= %(overdue)s
     UNION ALL
     -- an open finding is asked about again; one found since the subject's last check (a
     -- malformed refund after a checked confirmation) is asked about at once
@@ -169,8 +184,10 @@ async def local_views(conn: Connection, subjects: Sequence[Due]
     async with conn.cursor(row_factory=dict_row) as cur:
         for kind, table in (("collection", "payments"), ("payout", "payouts")):
             await cur.execute(sql.SQL(
-                "SELECT reference, outcome, status, amount, recovered, updated_at, "
-                "last_position FROM {} WHERE reference = ANY(%s)").format(
+                "SELECT r.reference, r.outcome, r.status, r.amount, r.recovered, "
+                f"{STATE_SINCE} AS since, r.last_position FROM {{}} r "
+                "LEFT JOIN hookledger_private.ledger_events le ON le.position = r.last_position "
+                "WHERE r.reference = ANY(%s)").format(
                     sql.Identifier("hookledger_private", table)), (refs[kind],))
             for loaded in await cur.fetchall():
                 rows[(kind, loaded["reference"])] = loaded
@@ -208,7 +225,7 @@ async def local_views(conn: Connection, subjects: Sequence[Due]
         row = rows.get(key)
         exp: dict[str, Any] | None = expected.get(key)
         since = exp["due_from"] if exp is not None and (
-            row is None or row["outcome"] == "pending") else (row or {}).get("updated_at")
+            row is None or row["outcome"] == "pending") else (row or {}).get("since")
         views[key] = Local(
             subject=d.subject, reference=d.reference,
             outcome=row["outcome"] if row else None, status=row["status"] if row else None,

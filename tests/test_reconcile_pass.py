@@ -184,6 +184,26 @@ def test_an_expectation_dated_ahead_of_the_clock_is_waited_for_from_its_registra
                                       Decimal(700))]
 
 
+def test_a_pending_payout_stamped_ahead_of_the_clock_is_waited_for_from_its_arrival(
+        db_url: str) -> None:
+    """A ``payout.approved`` whose ``timestamp`` is ahead of the clock (the provider's clock
+    a day fast, a zone misread) was waited for from that time: its payout window counted
+    from the day after, and a year 2099 stamp was never asked about at all."""
+    fields: dict[str, Any] = {"reference": "PO-AHEAD", "amount": 900, "service": "Disbursement",
+                              "type_": "PAYOUT", "status": "APPROVED",
+                              "timestamp": ts_ago(days=-1)}
+    deliver(db_url, "payout.approved", 92002, **fields)
+    state = CountingState()
+    state.record_general(body("payout.approved", 92002, **fields))
+    window = {"payout_window": timedelta(hours=1)}
+    with running_sandbox(state=state) as api:
+        reconcile(db_url, api.url, **window)  # just arrived: inside the window still
+        assert "PO-AHEAD" not in state.asked
+        reconcile(db_url, api.url, now=datetime.now(UTC) + timedelta(hours=2), **window)
+    assert state.asked["PO-AHEAD"] == 1
+    assert discrepancies(db_url) == [("unresolved", "payout", "PO-AHEAD", Decimal(900))]
+
+
 def test_timeouts_500s_and_429s_are_retried_and_finally_recorded_without_a_crash(
         db_url: str) -> None:
     state = CountingState()
