@@ -20,6 +20,7 @@ import json
 import random
 import time
 from dataclasses import dataclass
+from datetime import UTC
 from email.utils import parsedate_to_datetime
 from typing import Any, Literal
 from urllib.parse import quote
@@ -98,6 +99,8 @@ def retry_after_seconds(value: str | None, now: float | None = None) -> float | 
         when = parsedate_to_datetime(text)
     except (TypeError, ValueError):
         return None
+    if when.tzinfo is None:  # asctime and "-0000" write no zone: an HTTP date is GMT, never
+        when = when.replace(tzinfo=UTC)  # the process's local time (RFC 9110, 5.6.7)
     delta = when.timestamp() - (time.time() if now is None else now)
     return min(max(delta, 0.0), MAX_RETRY_AFTER_S)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import time
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from fractions import Fraction
@@ -305,6 +306,27 @@ def test_retry_after_is_read_as_seconds_or_a_date_and_capped() -> None:
     assert retry_after_seconds("Sun, 22 Nov 2026 12:00:05 GMT", now=NOW.timestamp()) == 5.0
     assert retry_after_seconds("soon") is None
     assert retry_after_seconds("\u00b2") is None  # a digit to str.isdigit, not to float
+
+
+@pytest.mark.parametrize("zone", ["UTC", "America/New_York", "Pacific/Kiritimati"])
+@pytest.mark.parametrize("date", [
+    "Sunday, 22-Nov-26 12:00:05 GMT",  # RFC 850, obsolete but to be accepted
+    "Sun Nov 22 12:00:05 2026",  # asctime: no zone written, GMT all the same
+    "Sun, 22 Nov 2026 12:00:05 -0000",  # RFC 5322's "UTC, but the sender's zone unknown"
+])
+def test_retry_after_dates_are_gmt_whatever_the_process_time_zone(
+        zone: str, date: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An HTTP date is in GMT in each of its three forms (RFC 9110, 5.6.7). Those that
+    write no zone were read in the process's local time: with ``TZ`` east of UTC a 429's
+    ``Retry-After`` was past already and the next lookup went at once, into the same limit;
+    west of it, the pause was the cap whatever the provider asked."""
+    monkeypatch.setenv("TZ", zone)
+    time.tzset()
+    try:
+        assert retry_after_seconds(date, now=NOW.timestamp()) == 5.0
+    finally:
+        monkeypatch.undo()
+        time.tzset()
 
 
 def test_backoff_never_overflows_however_many_attempts_are_allowed() -> None:
