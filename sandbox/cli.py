@@ -184,12 +184,27 @@ def send(event: str, to: str, secret: str | None, endpoint: str, code: int | Non
         sys.exit(1)
 
 
+# the years hookledger reads a ``timestamp`` in (``ledger.instants``, not imported: the
+# sandbox stands for the provider and needs none of hookledger)
+START_RANGE = (datetime(1900, 1, 1, tzinfo=UTC), datetime(9998, 1, 1, tzinfo=UTC))
+
+
 def _start(raw: str) -> datetime:
+    """``--start``: an instant with its zone, in the years a ``timestamp`` holds (text
+    that was none, or one whose provider time overflowed, ended in a traceback)."""
     if raw == "now":
         return datetime.now(UTC).replace(microsecond=0)
-    value = datetime.fromisoformat(raw)
+    try:
+        value = datetime.fromisoformat(raw)
+    except ValueError:
+        raise click.BadParameter("an ISO 8601 date-time with its zone, e.g. "
+                                 "2026-11-22T08:00:00+03:00, or 'now'",
+                                 param_hint="--start") from None
     if value.tzinfo is None:
-        raise click.BadParameter("give a zone, e.g. 2026-11-22T08:00:00+03:00")
+        raise click.BadParameter("give a zone, e.g. 2026-11-22T08:00:00+03:00",
+                                 param_hint="--start")
+    if not START_RANGE[0] <= value < START_RANGE[1]:  # aware: compared as instants
+        raise click.BadParameter("must be between 1900 and 9997", param_hint="--start")
     return value
 
 

@@ -174,3 +174,21 @@ def test_send_of_a_chat_event_is_one_delivery_even_when_refused() -> None:
     assert result.exit_code == 1, result.output
     assert received == ["1"]
     assert "401" in result.output and "unknown_phone_number" in result.output
+
+
+@pytest.mark.parametrize("start", ["yesterday", "2026-11-22T08:00:00",
+                                   "0001-01-01T00:00:00+05:00", "9999-12-31T23:00:00+00:00"])
+def test_run_refuses_a_start_that_is_no_instant_or_out_of_range_without_a_traceback(
+        start: str) -> None:
+    """``--start`` must be an ISO 8601 instant with its zone, in the years a delivery's
+    ``timestamp`` can hold (1900 to 9997): text that was no date, or an instant whose
+    provider time is past ``datetime``'s range, stopped the command with a traceback
+    (ValueError, OverflowError) instead of saying what it takes."""
+    from click.testing import CliRunner
+
+    from hookledger.cli import main
+
+    result = CliRunner().invoke(main, ["sandbox", "run", "--to", "http://127.0.0.1:1",
+                                       "--general-secrets", "a=b", "--start", start])
+    assert result.exit_code == 2, result.output
+    assert "--start" in result.output
