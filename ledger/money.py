@@ -33,3 +33,10 @@ def total(amounts: Iterable[Decimal]) -> Decimal:
     for amount in amounts:
         result = EXACT.add(result, amount)
     return result
+
+
+def in_plain_digits(text: str) -> bool:
+    """Whether a number given as text is written as every reader of it reads it: ASCII only
+    and no ``_``. ``Decimal`` also reads other scripts' digits (``١٢`` as 12) and
+    underscores (``1_000``), which PostgreSQL's ``numeric``, a person and a report do not."""
+    return text.isascii() and "_" not in text

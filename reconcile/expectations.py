@@ -22,6 +22,7 @@ import psycopg
 
 from ledger.instants import storable_instant
 from ledger.jsonenc import jsonb_can_hold
+from ledger.money import in_plain_digits
 from reconcile.errors import ExpectationInvalid, ReconcileError
 from reconcile.records import MAX_AMOUNT_PLACES
 
@@ -69,9 +70,7 @@ class Expectation:
 def parse_amount(value: Any, *, zero: bool = False) -> Decimal:
     if isinstance(value, bool) or not isinstance(value, int | float | Decimal | str):
         raise ExpectationInvalid("amount must be a number")
-    if isinstance(value, str) and (not value.isascii() or "_" in value):
-        # Python's Decimal reads any script's digits and 1_000, which the SQL function
-        # (numeric) and every report refuse or print otherwise: "١٢" was kept as 12
+    if isinstance(value, str) and not in_plain_digits(value):  # "١٢" was kept as 12
         raise ExpectationInvalid("amount must be written with the digits 0-9 (no '_')")
     try:
         amount = Decimal(str(value).strip())

@@ -18,6 +18,7 @@ from ingest.errors import BodyError
 from ingest.general_body import read_invoice_block
 from ingest.json_body import plain_zero, whole_number
 from ledger.jsonenc import jsonb_can_hold
+from ledger.money import in_plain_digits
 from reconcile.errors import MappingError
 
 Outcome = Literal["success", "failure", "refunded", "pending"]
@@ -231,6 +232,8 @@ class RecordMapping:
         if amount_raw is not None:
             if isinstance(amount_raw, bool) or not isinstance(amount_raw, int | Decimal | str):
                 raise MappingError("amount is not a number")
+            if isinstance(amount_raw, str) and not in_plain_digits(amount_raw):
+                raise MappingError("amount is not written with the digits 0-9")
             try:
                 amount = Decimal(str(amount_raw))
             except InvalidOperation as exc:
@@ -288,7 +291,7 @@ INVOICE_AMOUNTS = frozenset({"total", "amountPaid", "amountDue"})
 def _numeric_text(item: Any) -> Any:
     """A number spelled as text as that number (the record's own ``amount`` is read so);
     anything else as it is, for the webhook's rules to judge."""
-    if isinstance(item, str):
+    if isinstance(item, str) and in_plain_digits(item):
         try:
             number = Decimal(item.strip())
         except InvalidOperation:

@@ -845,3 +845,14 @@ def test_an_amount_mismatch_puts_the_exact_difference_at_risk(
                if d.kind == "amount_mismatch"]
     assert found.amount_at_risk is not None
     assert Fraction(found.amount_at_risk) == abs(Fraction(ours) - Fraction(theirs))
+
+
+@pytest.mark.parametrize("written", ["\u0661\u0660\u0660\u0660", "1_000", "\uff11\uff10\uff10"])
+def test_a_records_amount_as_text_in_other_digits_is_a_mapping_error(written: str) -> None:
+    """Decimal reads them (as 1000 and 100); an expectation of the same text is refused,
+    and a provider that writes them is misread, not recovered at a guessed amount."""
+    data = {"reference": "R", "code": 91000, "amount": written}
+    with pytest.raises(MappingError, match="digits 0-9"):
+        RecordMapping.create({}).read(data, "R")
+    assert RecordMapping.create({}).read({**data, "amount": "1000.50"}, "R").amount == (
+        Decimal("1000.50"))
