@@ -256,6 +256,9 @@ class Reconciler:
         # a finding they closed for one still open and never raises it again
         await self._catch_up(conn)
         done = rechecked = 0
+        # backoffs are judged by this moment: a subject this pass asked is due again in it
+        # only once its row changed, never because its backoff ended meanwhile
+        began = now or datetime.now(UTC)
         while done < cfg.max_subjects:
             moment = now or datetime.now(UTC)
             # the re-check allowance is the pass's: each chunk gets what earlier ones left
@@ -263,7 +266,7 @@ class Reconciler:
                 conn, now=moment, window=cfg.window, recheck_age=cfg.recheck_age,
                 recheck_limit=max(cfg.recheck_limit - rechecked, 0),
                 later_recheck=cfg.refund_recheck, early=cfg.retry_base * RETRY_EARLY,
-                limit=min(cfg.chunk_size, cfg.max_subjects - done))
+                pass_began=began, limit=min(cfg.chunk_size, cfg.max_subjects - done))
             if not due:
                 break
             await self._chunk(conn, due, result, moment)

@@ -155,7 +155,8 @@ class Due:
 async def due_subjects(conn: Connection, *, now: datetime, window: timedelta,
                        recheck_age: timedelta, recheck_limit: int, limit: int,
                        later_recheck: timedelta = timedelta(0),
-                       early: timedelta = timedelta(0)) -> list[Due]:
+                       early: timedelta = timedelta(0),
+                       pass_began: datetime | None = None) -> list[Due]:
     """What to ask about now, at most ``limit``, of which at most ``recheck_limit`` only
     for the rolling re-check. A final payment younger than ``recheck_age`` whose outcome
     has a later state (:data:`~reconcile.checks.SUCCESSORS`) is re-checked every
@@ -163,10 +164,15 @@ async def due_subjects(conn: Connection, *, now: datetime, window: timedelta,
     ``early`` of ``now`` counts as ended: it is a multiple of the pass interval counted from
     the moment the last pass picked its subjects, and the next pass, picking a few
     milliseconds sooner after its own start, missed it and left the subject a whole
-    interval longer."""
+    interval longer.
+
+    A backoff is judged by ``pass_began`` (default ``now``), when the pass picking began:
+    a check sets a subject's backoff from its own chunk's moment, and judged by each
+    chunk's ``now``, a pass that ran longer than that backoff asked its first chunks'
+    subjects again, ahead of those it had not asked yet."""
     later_before = now - later_recheck if later_recheck > timedelta(0) else None
     cur = await conn.execute(DUE_SQL, {
-        "now": now, "retry_by": now + early, "overdue": now - window,
+        "now": now, "retry_by": (pass_began or now) + early, "overdue": now - window,
         "recent_since": now - recheck_age,
         "recheck_limit": recheck_limit, "recheck_priority": RECHECK_PRIORITY, "limit": limit,
         "recheck_kinds": RECHECK_KINDS,

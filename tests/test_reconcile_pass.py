@@ -1235,3 +1235,20 @@ def test_a_passs_printed_findings_write_the_amount_at_risk_in_digits() -> None:
                             "amount_at_risk": Decimal("5E-7")})
     lines = result.summary()
     assert "at risk 1000 " in lines[1] and "at risk 0.0000005 " in lines[2]
+
+
+def test_a_pass_longer_than_a_backoff_asks_no_subject_twice(db_url: str) -> None:
+    """A subject a pass asked about is not due again within that pass when only its
+    backoff has ended. Each chunk judged backoffs by its own moment, so a pass that took
+    longer than the backoff (a slow provider, a backlog of thousands) asked its first
+    chunks' subjects again, before those it had not asked yet, and spent its
+    ``max_subjects`` on them (seen walking "Scaling out": 4,451 checks of 4,069
+    subjects in one pass)."""
+    state = CountingState()
+    for reference in ("LONG-1", "LONG-2"):
+        expect(db_url, reference, "collection", 1000)  # overdue, unknown to the provider
+    with running_sandbox(state=state, faults=FaultSettings(latency_ms=400)) as api:
+        result = reconcile(db_url, api.url, chunk_size=1, max_subjects=4,
+                           retry_base=timedelta(milliseconds=300))
+    assert (state.asked["LONG-1"], state.asked["LONG-2"]) == (1, 1)
+    assert result.checked == 2
