@@ -204,6 +204,20 @@ class _Pacer:
             self._next = max(self._next, now) + self._interval
 
 
+async def _scheduled_pass_due(conn: store.Connection, at_most_every: timedelta) -> bool:
+    """Whether no scheduled pass began within ``at_most_every`` (by the database's clock,
+    the one every process shares), marking this one's beginning if so. Called under the
+    pass lock. Every process's scheduler fires a pass each interval, and the lock alone only
+    kept them from running at once: N processes ran up to N passes an interval, asking the
+    provider's API up to N times as fast as one."""
+    cur = await conn.execute(
+        "INSERT INTO hookledger_private.reconcile_schedule AS s (job, began_at) "
+        "VALUES ('pass', clock_timestamp()) ON CONFLICT (job) DO UPDATE "
+        "SET began_at = EXCLUDED.began_at "
+        "WHERE s.began_at <= EXCLUDED.began_at - %s RETURNING 1", (at_most_every,))
+    return await cur.fetchone() is not None
+
+
 class Reconciler:
     """Runs passes against one database with one reference-API client."""
 
@@ -215,7 +229,11 @@ class Reconciler:
         self._observer = observer
         self._lag_position = -1
 
-    async def run_pass(self, *, now: datetime | None = None) -> PassResult:
+    async def run_pass(self, *, now: datetime | None = None,
+                       at_most_every: timedelta | None = None) -> PassResult:
+        """One pass, unless another holds the lock (``skipped``); with ``at_most_every``
+        (a scheduled pass), also skipped when a scheduled pass began within it, whichever
+        process ran it (:func:`_scheduled_pass_due`)."""
         result = PassResult(pass_id=uuid.uuid4().hex[:12])
         started = time.perf_counter()
         # the lock is held by the session the pass works in, and released when it closes:
@@ -228,6 +246,10 @@ class Reconciler:
             cur = await conn.execute("SELECT pg_try_advisory_lock(%s)", (RECONCILE_LOCK_KEY,))
             row = await cur.fetchone()
             if not (row and row[0]):
+                result.skipped = True
+                return result
+            if at_most_every is not None and not await _scheduled_pass_due(conn,
+                                                                            at_most_every):
                 result.skipped = True
                 return result
             await ready_to_append(conn)  # a pass appends

@@ -3,7 +3,8 @@
 An ``AsyncIOScheduler`` runs a pass every ``HOOKLEDGER_RECONCILE_INTERVAL_S`` (one instance
 per process, late runs coalesced) and writes a report every ``report_interval_s`` under
 ``HOOKLEDGER_HOME/reports/``. Across processes a pass is guarded by the reconciler's
-advisory lock (:mod:`reconcile.runner`): a second ``serve`` skips while one runs. Any error
+advisory lock (:mod:`reconcile.runner`): a second ``serve`` skips while one runs, and when
+one began within most of an interval (migration 0017's marker). Any error
 in a pass is logged and counted; it never stops the schedule.
 """
 
@@ -32,6 +33,10 @@ log = structlog.get_logger("hookledger.reconcile")
 # up to 10 s, which is not waited out (serve's whole stop stays inside a container's usual
 # 10 s grace); the server ends such a session, and its lock, once it sees it gone
 STOP_WAIT_S = 5.0
+# A scheduled pass begins only when no scheduled pass, of any process, began within this
+# share of the interval: one pass an interval in all, whatever the number of processes
+# (each fires its own), with room for the schedulers' own drift
+SCHEDULED_SHARE = 0.9
 
 
 class ReconcileScheduler:
@@ -53,6 +58,7 @@ class ReconcileScheduler:
         self._reports_dir = reports_dir
         self._report_interval = (timedelta(seconds=report_interval_s)
                                  if report_interval_s > 0 else None)
+        self._interval = timedelta(seconds=interval_s)
         self.scheduler = AsyncIOScheduler(timezone=UTC)
         if reconciler is not None:
             first = datetime.now(UTC) + timedelta(seconds=min(interval_s, 5))
@@ -119,7 +125,7 @@ class ReconcileScheduler:
 
     async def _run_pass(self, reconciler: Reconciler) -> PassResult | None:
         try:
-            result = await reconciler.run_pass()
+            result = await reconciler.run_pass(at_most_every=self._interval * SCHEDULED_SHARE)
         except Exception as exc:  # noqa: BLE001 - a pass must never end the schedule
             log.error("reconcile.pass_failed", error=type(exc).__name__)
             if self._metrics:

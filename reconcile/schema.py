@@ -1,4 +1,5 @@
-"""The declared schema of reconciliation's own tables (migration 0004 creates them)."""
+"""The declared schema of reconciliation's own tables (migration 0004 creates them, 0017
+``reconcile_schedule``)."""
 
 from __future__ import annotations
 
@@ -51,3 +52,10 @@ reconcile_subjects = Table(
     Column("last_pass", Text),
 )
 Index(None, reconcile_subjects.c.next_check_at)
+
+reconcile_schedule = Table(
+    "reconcile_schedule", metadata,
+    # when the last scheduled pass began, whichever process ran it: one an interval in all
+    Column("job", Text, primary_key=True),
+    Column("began_at", _ts(), nullable=False),
+)

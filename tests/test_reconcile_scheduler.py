@@ -184,3 +184,32 @@ def test_stopping_mid_pass_ends_the_pass_quietly_and_lets_go_of_its_session(
     assert state.asked["SLOW-1"] == 0  # never answered: the pass ended first
     assert not [r for r in caplog.records if r.name.startswith(("apscheduler", "hookledger"))
                 and (r.levelno >= logging.ERROR or r.exc_info)]
+
+
+def test_a_scheduled_pass_begins_once_an_interval_whichever_process_fires(db_url: str) -> None:
+    """Each process's schedule fires its own pass; the lock only kept them apart in time,
+    so N processes ran N passes an interval and asked the provider N times as fast. A
+    manual pass (``hookledger reconcile``) is never held back."""
+    state = CountingState()
+    expect(db_url, "ONCE-1", "collection", 500)  # due at once, unknown to the provider
+
+    async def go(api_url: str) -> list[bool | None]:
+        client = ReferenceClient(api_url, API_KEY, timeout_s=2)
+        first, second = (ReconcileScheduler(Reconciler(db_url, client), client,
+                                            interval_s=interval, database_url=db_url)
+                         for interval in (60, 60))
+        quick = ReconcileScheduler(Reconciler(db_url, client), client, interval_s=0.2,
+                                   database_url=db_url)
+        try:
+            passes = [await first.run_once(), await second.run_once()]
+            manual = await Reconciler(db_url, client).run_pass()
+            await asyncio.sleep(0.3)  # more than 0.9 of the quick schedule's interval
+            passes.append(await quick.run_once())
+            return [None if p is None else p.skipped for p in passes] + [manual.skipped]
+        finally:
+            await client.aclose()
+
+    with running_sandbox(state=state) as api:
+        assert asyncio.run(go(api.url)) == [False, True, False, False]
+    began = rows(db_url, "SELECT count(*) FROM hookledger_private.reconcile_schedule")
+    assert began == [(1,)]
