@@ -28,6 +28,7 @@ from urllib.parse import quote
 
 import httpx
 
+from ingest.bounded_read import ACCEPT_ENCODING, read_at_most
 from ingest.errors import IngestError
 from ledger.jsonenc import jsonb_safe
 
@@ -186,7 +187,9 @@ class ChatApi:
         self._key = api_key
         self._secret_field = rotate_secret_field
         self._webhook_field = webhook_field
-        headers = {API_TOKEN_HEADER: api_key} if api_key else {}
+        headers = {"Accept-Encoding": ACCEPT_ENCODING}
+        if api_key:
+            headers[API_TOKEN_HEADER] = api_key
         self._timeout_s = timeout_s
         self._client = httpx.AsyncClient(
             headers=headers, transport=transport, follow_redirects=False,
@@ -244,8 +247,9 @@ class ChatApi:
     async def fetch_media(self, media_id: str) -> Media:
         """The bytes of an inbound message's media and their content type.
 
-        Read as it streams in, never past :data:`MAX_MEDIA_BYTES` (decoded: a small gzip
-        body once grew to gigabytes in memory, in the process that answers webhooks), and
+        Read as it streams in, never past :data:`MAX_MEDIA_BYTES` (decoded, and each layer
+        of its encoding within it as it is undone: a small gzip body once grew to gigabytes
+        in memory, in the process that answers webhooks), and
         within :data:`MEDIA_DEADLINE_FACTOR` timeouts in all (the timeout bounds each wait
         for a byte only: an answer trickled a byte at a time held the worker, and every
         media behind it, for as long as the provider liked)."""
@@ -260,7 +264,7 @@ class ChatApi:
                 async with asyncio.timeout(deadline_s):
                     async with self._client.stream("GET", self._base + path) as response:
                         status, headers = response.status_code, response.headers
-                        content = await _read_at_most(response, MAX_MEDIA_BYTES)
+                        content = await read_at_most(response, MAX_MEDIA_BYTES)
         except TimeoutError:
             raise ChatApiUnavailable("timeout", f"GET {path}: not all sent within "
                                      f"{deadline_s:g} s") from None
@@ -285,22 +289,6 @@ class ChatApi:
             raise ChatApiRefused("http_error", f"HTTP {status}", status=status)
         content_type = headers.get("content-type", "application/octet-stream")
         return Media(content, content_type.split(";")[0].strip()[:100])
-
-
-async def _read_at_most(response: httpx.Response, limit: int) -> bytes | None:
-    """The decoded body, or None as soon as it passes ``limit`` bytes (a declared length
-    over it is refused unread)."""
-    declared = response.headers.get("content-length", "")
-    if declared.isascii() and declared.isdigit() and int(declared) > limit:
-        return None
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in response.aiter_bytes():
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def _is_loopback_address(host: str) -> bool:

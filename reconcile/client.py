@@ -27,6 +27,7 @@ from urllib.parse import quote
 
 import httpx
 
+from ingest.bounded_read import ACCEPT_ENCODING, read_at_most
 from ledger.jsonenc import decimal_or_text, jsonb_safe
 from reconcile.errors import ApiRefused, ApiUnavailable, MalformedEnvelope, MappingError
 from reconcile.records import CODE_RANGE, ProviderRecord, RecordMapping
@@ -34,9 +35,10 @@ from reconcile.records import CODE_RANGE, ProviderRecord, RecordMapping
 LookupKind = Literal["found", "not_found", "error"]
 REFERENCE_PATH = "/api/v1/payment/reference/{reference}"
 MAX_RETRY_AFTER_S = 30.0
-# a payment's record is a few hundred bytes; an answer past this (decoded) is read no
-# further: read whole, a huge or endless answer (or a gzip bomb) held a pass's memory, with
-# up to ``concurrency`` of them at once, inside ``serve``
+# a payment's record is a few hundred bytes; an answer past this (decoded, every layer of
+# its encoding undone within it: ingest.bounded_read) is read no further: read whole, a
+# huge or endless answer (or a gzip bomb) held a pass's memory, with up to ``concurrency``
+# of them at once, inside ``serve``
 MAX_ANSWER_BYTES = 1024 * 1024
 
 
@@ -144,7 +146,8 @@ class ReferenceClient:
                  concurrency: int = 16, mapping: RecordMapping | None = None,
                  transport: httpx.AsyncBaseTransport | None = None,
                  seed: int | None = None) -> None:
-        headers = {"Accept": "application/json", "User-Agent": "hookledger-reconciler"}
+        headers = {"Accept": "application/json", "User-Agent": "hookledger-reconciler",
+                   "Accept-Encoding": ACCEPT_ENCODING}
         if api_key:
             headers["apiToken"] = api_key
         self._http = httpx.AsyncClient(
@@ -215,14 +218,12 @@ class ReferenceClient:
         async with self._http.stream("GET", path) as answer:
             if answer.status_code == 429 or answer.status_code >= 500:
                 return answer, b""  # retried on its status (and Retry-After) alone
-            content = bytearray()
-            async for chunk in answer.aiter_bytes():
-                content += chunk
-                if len(content) > MAX_ANSWER_BYTES:
-                    raise _Retryable("too_large",
-                                     f"HTTP {answer.status_code}: an answer over "
-                                     f"{MAX_ANSWER_BYTES} bytes")
-        return answer, bytes(content)
+            content = await read_at_most(answer, MAX_ANSWER_BYTES)
+            if content is None:
+                raise _Retryable("too_large",
+                                 f"HTTP {answer.status_code}: an answer over "
+                                 f"{MAX_ANSWER_BYTES} bytes")
+        return answer, content
 
     def _finish(self, lookup: Lookup, attempt: int, started: float) -> Lookup:
         return Lookup(lookup.reference, lookup.kind, lookup.record, lookup.error,

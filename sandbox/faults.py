@@ -15,7 +15,8 @@ faulted, so tests can always turn faults off):
   (JSON without ``code``, ``message`` and ``data``), ``bad_encoding`` (labelled gzip, but
   not gzip: the client cannot even read it) or ``loose_envelope`` (the real answer, done,
   with ``code`` left out and ``message`` null: a success the documented shape does not
-  quite hold).
+  quite hold) or ``gzip_bomb`` (labelled ``gzip, gzip``: under a kilobyte sent, 256 MiB of
+  zeros once both layers are undone, as a hostile server or a broken proxy could send).
 
 Counts are used up first, one answer each; rates then apply per answer, drawn from a
 random generator seeded with ``seed``. When several would fire, the first of timeout,
@@ -31,6 +32,8 @@ from typing import Any, Literal
 
 Action = Literal["timeout", "error", "rate_limit", "malformed"]
 ACTIONS: tuple[Action, ...] = ("timeout", "error", "rate_limit", "malformed")
+MALFORMED_KINDS = ("non_json", "missing_fields", "bad_encoding", "loose_envelope",
+                   "gzip_bomb")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +52,7 @@ class FaultSettings:
     malformed_count: int = 0
     malformed_rate: float = 0.0
     malformed_kind: Literal["non_json", "missing_fields", "bad_encoding",
-                            "loose_envelope"] = "non_json"
+                            "loose_envelope", "gzip_bomb"] = "non_json"
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -61,10 +64,9 @@ class FaultSettings:
                 raise ValueError(f"{f.name} must not be negative")
         if not 500 <= self.error_status <= 599:
             raise ValueError("error_status must be a 5xx status")
-        if self.malformed_kind not in ("non_json", "missing_fields", "bad_encoding",
-                                       "loose_envelope"):
-            raise ValueError("malformed_kind must be non_json, missing_fields, bad_encoding "
-                             "or loose_envelope")
+        if self.malformed_kind not in MALFORMED_KINDS:
+            raise ValueError("malformed_kind must be non_json, missing_fields, bad_encoding, "
+                             "loose_envelope or gzip_bomb")
 
     @classmethod
     def from_json(cls, data: dict[str, Any], base: FaultSettings | None = None

@@ -35,7 +35,10 @@ Numbers not yet connected are connected on first use (this is a sandbox).
 from __future__ import annotations
 
 import asyncio
+import functools
+import gzip
 import json
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from decimal import Decimal
 from typing import Any
@@ -62,6 +65,19 @@ def envelope(success: bool, code: int, message: str, data: dict[str, Any] | None
 
 def not_found(what: str) -> Response:
     return envelope(False, 1404, f"{what} not found", status=404)
+
+
+BOMB_BYTES = 256 * 1024 * 1024
+
+
+@functools.cache
+def gzip_bomb() -> bytes:
+    """:data:`BOMB_BYTES` of zeros gzipped twice (about 600 bytes), built once, a MiB at a
+    time: what a client that undoes every layer before it counts holds all at once."""
+    inner = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    zeros = bytes(1024 * 1024)
+    once = b"".join(inner.compress(zeros) for _ in range(BOMB_BYTES // len(zeros)))
+    return gzip.compress(once + inner.flush(), 9)
 
 
 def _trickled(answer: Response, pause_s: float) -> Response:
@@ -107,6 +123,9 @@ def _faulty(faults: Faults, handler: Handler) -> Handler:
             if settings.malformed_kind == "bad_encoding":
                 return Response(b"this is not gzip", media_type="application/json",
                                 headers={"Content-Encoding": "gzip"})
+            if settings.malformed_kind == "gzip_bomb":
+                return Response(gzip_bomb(), media_type="application/json",
+                                headers={"Content-Encoding": "gzip, gzip"})
             if settings.malformed_kind == "loose_envelope":
                 loose = {key: value for key, value in json.loads(bytes(answer.body)).items()
                          if key != "code"}

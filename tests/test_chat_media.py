@@ -208,6 +208,39 @@ def test_a_media_past_the_size_limit_is_refused_before_it_fills_the_memory(
     asyncio.run(ask())  # at the limit itself: fetched
 
 
+def test_a_media_gzipped_twice_is_bounded_while_it_is_undone(
+        sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch) -> None:
+    """httpx undoes every ``Content-Encoding`` layer of a chunk in full before the size bound
+    sees it: 600 bytes labelled ``gzip, gzip`` became 256 MiB in memory at once (a few
+    kilobytes, gigabytes), in the process that answers webhooks."""
+    import asyncio
+    import tracemalloc
+
+    from ingest import chat_api
+    from ingest.chat_api import ChatApi
+    from sandbox.server import gzip_bomb
+
+    sandbox.state.issue_media("media-bomb-1", "image")
+    sandbox.faults.set(malformed_count=1, malformed_kind="gzip_bomb")
+    monkeypatch.setattr(chat_api, "MAX_MEDIA_BYTES", 1024 * 1024)
+    gzip_bomb()  # built before the count begins: the sandbox's, not the client's
+
+    async def ask() -> None:
+        async with ChatApi(sandbox.url, API_KEY, timeout_s=5) as api:
+            await api.fetch_media("media-bomb-1")
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(ChatApiRefused) as refused:
+            asyncio.run(ask())
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert refused.value.reason == "media_too_large"
+    assert peak < 8 * 1024 * 1024, peak
+    asyncio.run(ask())  # the fault used up: the media itself is fetched
+
+
 def test_a_media_answer_trickled_past_its_deadline_is_given_up_for_now(
         sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch) -> None:
     """The timeout bounds each wait for a byte: an answer sent a byte at a time held the

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import tracemalloc
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from reconcile.client import MAX_ANSWER_BYTES, Lookup, ReferenceClient
 from sandbox.faults import FaultSettings
 from sandbox.runner import running_sandbox
+from sandbox.server import gzip_bomb
 from tests.reconcile_helpers import API_KEY, CountingState, body
 
 
@@ -140,3 +142,24 @@ def test_a_record_that_says_no_state_is_a_mapping_error_not_a_pending_payment(
     assert "no status, event or code" in (bare.detail or "")
     assert says.kind == "found" and says.record is not None
     assert says.record.outcome == "pending"
+
+
+def test_an_answer_gzipped_twice_is_bounded_while_it_is_undone() -> None:
+    """httpx undoes every ``Content-Encoding`` layer of a chunk in full before the size bound
+    sees it: 600 bytes labelled ``gzip, gzip`` became 256 MiB in memory at once (a few
+    kilobytes, gigabytes), up to ``HOOKLEDGER_API_CONCURRENCY`` at once inside ``serve``."""
+    state = CountingState()
+    state.record_general(body("payment.confirmed", 91000, reference="BOMB-1", amount=100))
+    gzip_bomb()  # built before the count begins: the sandbox's, not the client's
+
+    with running_sandbox(state=state, faults=FaultSettings(
+            malformed_count=1, malformed_kind="gzip_bomb")) as api:
+        tracemalloc.start()
+        try:
+            bomb, fine = look_up_once(api.url, "BOMB-1", "BOMB-1")
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert (bomb.kind, bomb.error) == ("error", "too_large"), bomb
+    assert fine.kind == "found", fine
+    assert peak < 8 * MAX_ANSWER_BYTES, peak
