@@ -37,6 +37,10 @@ DEFAULT_TIMEOUT_S = 10.0
 # the chat platform's largest media (a document) is 100 MB: nothing larger is one of its
 MAX_MEDIA_BYTES = 100 * 1024 * 1024
 MEDIA_DEADLINE_FACTOR = 6  # a media fetch's whole answer: this many timeouts at most
+# a rotate or set-webhook answer is a few hundred bytes: read no further than this, and
+# whole (connecting included) within this many timeouts
+MAX_ANSWER_BYTES = 1024 * 1024
+ANSWER_DEADLINE_FACTOR = 3
 MAX_MESSAGE = 300
 MASK = "[redacted]"
 
@@ -204,25 +208,42 @@ class ChatApi:
     async def aclose(self) -> None:
         await self._client.aclose()
 
-    async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        with _transport_errors(method, path):
-            return await self._client.request(method, self._base + path, **kwargs)
+    async def _send(self, method: str, path: str, **kwargs: Any) -> tuple[int, bytes]:
+        """The status and body of an envelope answer, read no further than
+        :data:`MAX_ANSWER_BYTES` and within :data:`ANSWER_DEADLINE_FACTOR` timeouts in all:
+        read whole, a huge answer (or a small gzip body that decodes to one) was held in
+        memory, and one trickled a byte at a time held the command, and a rotation its
+        number's lock, for as long as the provider liked."""
+        deadline_s = self._timeout_s * ANSWER_DEADLINE_FACTOR
+        try:
+            with _transport_errors(method, path):
+                async with asyncio.timeout(deadline_s):
+                    async with self._client.stream(method, self._base + path,
+                                                   **kwargs) as response:
+                        status = response.status_code
+                        content = await read_at_most(response, MAX_ANSWER_BYTES)
+        except TimeoutError:
+            raise ChatApiUnavailable("timeout", f"{method} {path}: not all sent within "
+                                     f"{deadline_s:g} s") from None
+        if content is None:
+            raise ChatApiMalformed("too_large", f"HTTP {status}: an answer over "
+                                   f"{MAX_ANSWER_BYTES} bytes", status=status)
+        return status, content
 
     async def _call(self, method: str, path: str, **kwargs: Any) -> Envelope:
-        response = await self._send(method, path, **kwargs)
-        return parse_envelope(response.status_code, response.content, api_key=self._key)
+        status, content = await self._send(method, path, **kwargs)
+        return parse_envelope(status, content, api_key=self._key)
 
     async def rotate_secret(self, phone_number_id: str) -> str:
         """Ask for a new secret. It is shown this once: the caller must keep it at once."""
         if not self._key:
             raise ChatApiRefused("no_api_key", "HOOKLEDGER_API_KEY is not set")
         path = f"/api/v1/waba/webhook-secrets/{quote(phone_number_id, safe='')}/rotate"
-        response = await self._send("POST", path)
+        status, content = await self._send("POST", path)
         try:
-            envelope = parse_envelope(response.status_code, response.content,
-                                      api_key=self._key)
+            envelope = parse_envelope(status, content, api_key=self._key)
         except ChatApiMalformed:
-            answer = _successful(response.status_code, response.content)
+            answer = _successful(status, content)
             if answer is None:
                 raise
             # the provider says it rotated, in an envelope not quite as documented (no

@@ -764,3 +764,50 @@ def test_a_store_that_fails_hands_the_secret_over_once_and_raises_it() -> None:
                                 via="cli", on_not_stored=handed.append))
     assert handed == [raised.value]
 
+
+
+def test_a_chat_api_answer_trickled_in_is_given_up_on_at_its_deadline(
+        sandbox: Sandbox) -> None:
+    """The timeout bounds each wait for a byte: a rotate or set-webhook answer sent a byte
+    at a time held the command (and a rotation its number's lock) for as long as the
+    provider liked."""
+    from ingest.chat_api import ChatApi, ChatApiUnavailable
+
+    sandbox.faults.set(trickle_ms=100)  # an answer of about 120 bytes: 12 s in all
+
+    async def ask() -> None:
+        async with ChatApi(sandbox.url, API_KEY, timeout_s=0.5) as api:
+            await api.set_webhook(PHONE, f"https://hooks.example/webhooks/chat/{PHONE}")
+
+    started = time.monotonic()
+    with pytest.raises(ChatApiUnavailable) as unavailable:
+        asyncio.run(ask())
+    assert unavailable.value.reason == "timeout"
+    assert time.monotonic() - started < 5
+
+
+def test_a_chat_api_answer_past_its_bound_is_read_no_further(sandbox: Sandbox) -> None:
+    """A rotate or set-webhook answer is a few hundred bytes; it was read whole into memory
+    (here 600 bytes gzipped twice, 256 MiB once undone)."""
+    import tracemalloc
+
+    from ingest.chat_api import ChatApi, ChatApiMalformed
+    from sandbox.server import gzip_bomb
+
+    sandbox.faults.set(malformed_count=1, malformed_kind="gzip_bomb")
+    gzip_bomb()  # built before the count begins: the sandbox's, not the client's
+
+    async def ask() -> str:
+        async with ChatApi(sandbox.url, API_KEY, timeout_s=5) as api:
+            return await api.rotate_secret(PHONE)
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(ChatApiMalformed) as malformed:
+            asyncio.run(ask())
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert malformed.value.reason == "too_large"
+    assert peak < 8 * 1024 * 1024, peak
+    assert asyncio.run(ask()) == sandbox.state.number(PHONE).secret  # type: ignore[union-attr]
