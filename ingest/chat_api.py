@@ -116,12 +116,19 @@ def _clean(text: str, api_key: str | None) -> str:
     return jsonb_safe(text[:MAX_MESSAGE])
 
 
+def _json(body: bytes) -> Any:
+    """``body`` as JSON, or None when it is none. Nested past the reader's depth is none
+    too: RecursionError is no ValueError, and escaped as itself (a traceback from the
+    commands, an admin route's 500, a media fetch failed as ``internal``). Pure."""
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return None
+
+
 def parse_envelope(status: int, body: bytes, *, api_key: str | None = None) -> Envelope:
     """Read an answer strictly; raise the error the answer amounts to. Pure."""
-    try:
-        parsed = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        parsed = None
+    parsed = _json(body)
     if not isinstance(parsed, dict):
         if status == 429 or status >= 500:
             raise ChatApiUnavailable("http_error", f"HTTP {status}", status=status)
@@ -155,10 +162,7 @@ def _successful(status: int, body: bytes) -> dict[str, Any] | None:
     its envelope holds or lacks; else None."""
     if not 200 <= status < 300:
         return None
-    try:
-        parsed = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        return None
+    parsed = _json(body)
     return parsed if isinstance(parsed, dict) and parsed.get("success") is True else None
 
 
@@ -295,10 +299,7 @@ class ChatApi:
         if _is_json_type(headers.get("content-type", "")):
             # errors come as an envelope; so would a JSON answer that is one (success or
             # not): media bytes were asked for, an envelope is never taken as them
-            try:
-                parsed = json.loads(content)
-            except (ValueError, UnicodeDecodeError):
-                parsed = None
+            parsed = _json(content)
             if parsed is None or (isinstance(parsed, dict) and "success" in parsed):
                 parse_envelope(status, content, api_key=self._key)
                 raise ChatApiMalformed("envelope_instead_of_media",

@@ -500,3 +500,40 @@ def test_an_authentication_code_is_a_refused_key_whatever_the_http_status(
     the authentication service's 4xxxx is waited out as a 401 is, not counted toward giving
     the media up."""
     assert key_refused_code(code) is refused
+
+
+NESTED = b"[" * 100_000 + b"]" * 100_000
+
+
+@pytest.mark.parametrize("body", [
+    NESTED, b'{"success":true,"code":1000,"message":"ok","data":{"x":' + NESTED + b"}}"])
+def test_an_answer_nested_past_the_reader_is_malformed_not_a_crash(body: bytes) -> None:
+    """``json.loads`` gives up on deep nesting with RecursionError, which is no ValueError:
+    it escaped as itself, a traceback from set-webhook and rotate-secret (the admin route a
+    500) and a fetch recorded as an ``internal`` failure, not what the answer is."""
+    with pytest.raises(ChatApiMalformed):
+        parse_envelope(200, body)
+    with pytest.raises(ChatApiUnavailable):
+        parse_envelope(503, body)
+
+
+def test_a_json_media_nested_past_the_reader_is_malformed_not_internal() -> None:
+    import asyncio
+
+    from starlette.applications import Starlette
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    from ingest.chat_api import ChatApi
+    from sandbox.runner import serve_asgi
+
+    async def deep(_: Any) -> Response:
+        return Response(NESTED, media_type="application/json")
+
+    async def ask(url: str) -> None:
+        async with ChatApi(url, API_KEY, timeout_s=5) as api:
+            await api.fetch_media("media-deep-1")
+
+    app = Starlette(routes=[Route("/api/v1/waba/messages/{media_id}/media", deep)])
+    with serve_asgi(app) as url, pytest.raises(ChatApiMalformed):
+        asyncio.run(ask(url))
