@@ -10,7 +10,7 @@ at most ``concurrency`` requests in flight. A 429 pauses the whole client, not o
 lookup it answered: the provider limits the caller, and lookups that went on asking
 meanwhile would only be refused in turn and use up their attempts. The API key goes in
 the ``apiToken`` header and nowhere else: errors name the reference and the HTTP status,
-never headers.
+never headers, and a provider's words kept in a lookup have the key masked.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import asyncio
 import json
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC
 from email.utils import parsedate_to_datetime
 from typing import Any, Literal
@@ -118,6 +118,22 @@ def backoff_delay(attempt: int, *, base_s: float, cap_s: float, rng: random.Rand
     return rng.uniform(0.0, min(cap_s, base_s * (2 ** doublings)))
 
 
+MAX_DETAIL = 300  # characters of a lookup's detail (a provider's message in it)
+MASK = "[redacted]"
+
+
+def masked(text: str | None, api_key: str | None) -> str | None:
+    """A lookup's detail as it may be kept: the API key masked (a provider or proxy that
+    echoes the request's headers in its message must not put it in the ledger), then cut
+    to :data:`MAX_DETAIL` (masked first: cut first, a key across the cut kept its first
+    characters in clear). Pure."""
+    if text is None:
+        return None
+    if api_key and len(api_key) >= 4:
+        text = text.replace(api_key, MASK)
+    return text[:MAX_DETAIL]
+
+
 RESUME_SPREAD_S = 0.25  # after a 429's pause, lookups resume spread over this long
 
 
@@ -161,6 +177,7 @@ class ReferenceClient:
         self._base_s, self._cap_s = backoff_base_s, backoff_cap_s
         self._mapping = mapping or RecordMapping.create()
         self._rng = random.Random(seed)
+        self._key = api_key
         self._resume_at = 0.0  # time.monotonic() before which no request is sent (a 429's)
         self.requests = 0
 
@@ -174,6 +191,13 @@ class ReferenceClient:
         await self._http.aclose()
 
     async def lookup(self, reference: str) -> Lookup:
+        """What the provider says about ``reference``; its detail never holds the API key
+        (:func:`masked`): it is kept in the ``reconcile.checked`` event for good."""
+        lookup = await self._lookup(reference)
+        detail = masked(lookup.detail, self._key)
+        return lookup if detail == lookup.detail else replace(lookup, detail=detail)
+
+    async def _lookup(self, reference: str) -> Lookup:
         started = time.perf_counter()
         attempt = 0
         while True:

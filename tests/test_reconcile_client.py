@@ -8,10 +8,13 @@ import tracemalloc
 from typing import Any
 
 import pytest
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
 from reconcile.client import MAX_ANSWER_BYTES, Lookup, ReferenceClient
 from sandbox.faults import FaultSettings
-from sandbox.runner import running_sandbox
+from sandbox.runner import running_sandbox, serve_asgi
 from sandbox.server import gzip_bomb
 from tests.reconcile_helpers import API_KEY, CountingState, body
 
@@ -163,3 +166,28 @@ def test_an_answer_gzipped_twice_is_bounded_while_it_is_undone() -> None:
     assert (bomb.kind, bomb.error) == ("error", "too_large"), bomb
     assert fine.kind == "found", fine
     assert peak < 8 * MAX_ANSWER_BYTES, peak
+
+
+def test_the_providers_words_reach_no_lookup_with_the_api_key_in_them() -> None:
+    """A not-found answer's message was kept verbatim as the lookup's detail, which goes
+    into the ``reconcile.checked`` event for good: a provider or proxy echoing the request
+    (its ``apiToken`` header) put the key in the ledger, and a megabyte of message was
+    kept in every check of the subject. Masked, then cut, as the chat API's are."""
+    echo = f"no such payment (request headers: apiToken: {API_KEY}) " + "x" * 5000
+
+    async def not_found(_: Any) -> Response:
+        return JSONResponse({"success": False, "code": 1404, "message": echo, "data": None},
+                            status_code=404)
+
+    async def unreadable(_: Any) -> Response:
+        return JSONResponse({"success": True, "code": 1000, "message": "ok",
+                             "data": {"reference": API_KEY, "status": "SUCCESSFUL"}})
+
+    app = Starlette(routes=[Route("/api/v1/payment/reference/GONE-1", not_found),
+                            Route("/api/v1/payment/reference/OTHER-1", unreadable)])
+    with serve_asgi(app) as url:
+        gone, other = look_up_once(url, "GONE-1", "OTHER-1")
+    assert gone.kind == "not_found" and other.error == "mapping", (gone, other)
+    for lookup in (gone, other):
+        assert lookup.detail is not None and API_KEY not in lookup.detail, lookup
+        assert "[redacted]" in lookup.detail and len(lookup.detail) <= 300, lookup
