@@ -472,8 +472,12 @@ def _message(body: Mapping[str, Any], meta: DeliveryMeta, digest: str,
     if message_type == "text":
         text_body = _described_in(message, "text", "body", MAX_TEXT, unread)
     else:  # the platform's shape: message.image.id, message.document.id, ...; a kind the
-        # spec does not show likewise, when it is there
+        # spec does not show likewise, when it is there. What the customer wrote under a
+        # photo or a file is its caption, beside the id: what such a message says (left
+        # out, chat_messages showed a captioned receipt with no body at all)
         media_id = _described_in(message, message_type, "id", MAX_ID, unread)
+        if isinstance(message.get(message_type), dict):  # else named once, above
+            text_body = _described_in(message, message_type, "caption", MAX_TEXT, unread)
     facts = {
         **_common(body, meta, digest, unread),
         "recognised": True,

@@ -66,6 +66,24 @@ def test_each_media_kind_carries_its_media_id(kind: str) -> None:
     assert delivery.facts["message_type"] == kind and delivery.facts["body"] is None
 
 
+@pytest.mark.parametrize("kind", ["image", "document", "video"])
+def test_a_media_messages_caption_is_its_body(kind: str) -> None:
+    """What the customer wrote under a photo or a file ("the receipt for order 123") is
+    what the message says: it was left out, and chat_messages showed no body at all."""
+    delivery = read(inbound(kind, **{kind: {"id": f"media-{kind}-1",
+                                            "caption": "Risiti ya oda 123"}}))
+    assert (delivery.facts["body"], delivery.facts["media_id"]) == (
+        "Risiti ya oda 123", f"media-{kind}-1")
+    assert "unread_fields" not in delivery.facts
+
+
+def test_a_caption_of_an_unexpected_shape_costs_only_the_caption() -> None:
+    delivery = read(inbound("image", image={"id": "media-1", "caption": {"text": "x"}}))
+    assert delivery.event_type == "chat.message.received"
+    assert (delivery.facts["body"], delivery.facts["media_id"]) == (None, "media-1")
+    assert delivery.facts["unread_fields"] == ["message.image.caption"]
+
+
 def test_an_inbound_kind_the_spec_does_not_show_is_still_received_flagged() -> None:
     """It opens the 24-hour window, so it is an inbound message, marked as unknown kind."""
     delivery = read(inbound("location", location={"latitude": 1, "longitude": 2}))

@@ -97,6 +97,14 @@ def test_an_inbound_media_message_is_received_with_its_media_id() -> None:
         "received", 95003, "inbound", "image", "media-in1")
 
 
+def test_an_inbound_media_messages_caption_shows_as_its_body() -> None:
+    body = inbound("in2", T0, kind="document")
+    body["message"]["document"]["caption"] = "Invoice INV-7, paid"
+    row = fold([chat_event(body)], message_keys, fold_message)["in2"]
+    assert (row["type"], row["body"], row["media_id"]) == (
+        "document", "Invoice INV-7, paid", "media-in2")
+
+
 def test_each_inbound_message_extends_the_window_and_a_late_old_one_does_not_shrink_it() -> None:
     newer = chat_event(inbound("a", T0 + 3600, name="Asha M."))
     older = chat_event(inbound("b", T0, name="Asha"))
