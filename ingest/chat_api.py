@@ -29,7 +29,8 @@ from urllib.parse import quote
 import httpx
 
 from ingest.bounded_read import ACCEPT_ENCODING, read_at_most
-from ingest.errors import IngestError
+from ingest.errors import BodyError, IngestError
+from ingest.json_body import object_of_distinct_keys
 from ledger.jsonenc import jsonb_safe
 
 API_TOKEN_HEADER = "apiToken"
@@ -120,9 +121,9 @@ def _json(body: bytes) -> Any:
     """``body`` as JSON, or None when it is none. Nested past the reader's depth is none
     too: RecursionError is no ValueError, and escaped as itself (a traceback from the
     commands, an admin route's 500, a media fetch failed as ``internal``). Pure."""
-    try:
-        return json.loads(body)
-    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+    try:  # a key named twice is no answer either: its last value would be a guess
+        return json.loads(body, object_pairs_hook=object_of_distinct_keys)
+    except (ValueError, RecursionError, BodyError):  # UnicodeDecodeError is a ValueError
         return None
 
 

@@ -28,6 +28,8 @@ from urllib.parse import quote
 import httpx
 
 from ingest.bounded_read import ACCEPT_ENCODING, read_at_most
+from ingest.errors import BodyError
+from ingest.json_body import object_of_distinct_keys
 from ledger.jsonenc import decimal_or_text, jsonb_safe
 from reconcile.errors import ApiRefused, ApiUnavailable, MalformedEnvelope, MappingError
 from reconcile.records import CODE_RANGE, ProviderRecord, RecordMapping
@@ -65,9 +67,15 @@ class Envelope:
 
 
 def parse_envelope(body: bytes) -> Envelope:
-    """Strictly: a JSON object with success (bool), code (int), message (str), data (object)."""
+    """Strictly: a JSON object with success (bool), code (int), message (str), data (object),
+    no object anywhere in it naming a key twice."""
     try:
-        value = json.loads(body, parse_float=decimal_or_text)
+        # a key named twice is refused, as ingest refuses it: read with its last value,
+        # {"status": "FAILED", ..., "status": "SUCCESSFUL"} was recovered as a success
+        value = json.loads(body, parse_float=decimal_or_text,
+                           object_pairs_hook=object_of_distinct_keys)
+    except BodyError as exc:
+        raise MalformedEnvelope("the answer names a key twice in one object") from exc
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # nested past the reader
         raise MalformedEnvelope("the answer is not JSON") from exc
     if not isinstance(value, dict):

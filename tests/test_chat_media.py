@@ -537,3 +537,14 @@ def test_a_json_media_nested_past_the_reader_is_malformed_not_internal() -> None
     app = Starlette(routes=[Route("/api/v1/waba/messages/{media_id}/media", deep)])
     with serve_asgi(app) as url, pytest.raises(ChatApiMalformed):
         asyncio.run(ask(url))
+
+
+def test_a_chat_api_answer_naming_a_key_twice_is_no_envelope() -> None:
+    """A rotation answer with two ``secret`` fields: its last one stored (a guess) left every
+    delivery signed with the other refused; it is an answer not understood instead."""
+    raw = (b'{"success":true,"code":1000,"message":"ok",'
+           b'"data":{"secret":"s-one","secret":"s-two"}}')
+    with pytest.raises(ChatApiMalformed):
+        parse_envelope(200, raw)
+    assert parse_envelope(200, raw.replace(b'"secret":"s-one",', b"")).data == {
+        "secret": "s-two"}

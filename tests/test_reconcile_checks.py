@@ -856,3 +856,17 @@ def test_a_records_amount_as_text_in_other_digits_is_a_mapping_error(written: st
         RecordMapping.create({}).read(data, "R")
     assert RecordMapping.create({}).read({**data, "amount": "1000.50"}, "R").amount == (
         Decimal("1000.50"))
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"success": true, "code": 0, "message": "ok", "data": '
+    b'{"reference": "R", "status": "FAILED", "status": "SUCCESSFUL"}}',
+    b'{"success": true, "success": false, "code": 0, "message": "ok", "data": {}}',
+])
+def test_an_answer_naming_a_key_twice_is_malformed_never_its_last_value(raw: bytes) -> None:
+    """Read with the last value, a record saying FAILED and then SUCCESSFUL was recovered
+    as a success; ingest refuses such a webhook, and which one was meant is not ours."""
+    with pytest.raises(MalformedEnvelope, match="names a key twice"):
+        parse_envelope(raw)
+    assert parse_envelope(raw.replace(b'"status": "FAILED", ', b"").replace(
+        b'"success": true, "success"', b'"success"')).code == 0
