@@ -157,6 +157,8 @@ class PassResult:
     errors: Counter[str] = field(default_factory=Counter)
     given_up: int = 0  # unsettled subjects past ``give_up_after``, no longer asked
     seconds: float = 0.0
+    # skipped because this interval's scheduled pass already began then, in any process
+    ran_at: datetime | None = None
     # how often each (subject, reference) was asked in this pass: more than once when its
     # row changed during the pass's look, and each check's events are keyed apart
     asked: Counter[tuple[str, str]] = field(default_factory=Counter)
@@ -204,9 +206,10 @@ class _Pacer:
             self._next = max(self._next, now) + self._interval
 
 
-async def _scheduled_pass_due(conn: store.Connection, at_most_every: timedelta) -> bool:
-    """Whether no scheduled pass began within ``at_most_every`` (by the database's clock,
-    the one every process shares), marking this one's beginning if so. Called under the
+async def _scheduled_pass_began(conn: store.Connection,
+                                at_most_every: timedelta) -> datetime | None:
+    """When a scheduled pass began within ``at_most_every`` (by the database's clock, the
+    one every process shares), or None, this one's beginning then marked. Called under the
     pass lock. Every process's scheduler fires a pass each interval, and the lock alone only
     kept them from running at once: N processes ran up to N passes an interval, asking the
     provider's API up to N times as fast as one."""
@@ -215,7 +218,12 @@ async def _scheduled_pass_due(conn: store.Connection, at_most_every: timedelta) 
         "VALUES ('pass', clock_timestamp()) ON CONFLICT (job) DO UPDATE "
         "SET began_at = EXCLUDED.began_at "
         "WHERE s.began_at <= EXCLUDED.began_at - %s RETURNING 1", (at_most_every,))
-    return await cur.fetchone() is not None
+    if await cur.fetchone() is not None:
+        return None
+    cur = await conn.execute("SELECT began_at FROM hookledger_private.reconcile_schedule "
+                             "WHERE job = 'pass'")
+    row = await cur.fetchone()
+    return row[0] if row else None
 
 
 class Reconciler:
@@ -233,7 +241,7 @@ class Reconciler:
                        at_most_every: timedelta | None = None) -> PassResult:
         """One pass, unless another holds the lock (``skipped``); with ``at_most_every``
         (a scheduled pass), also skipped when a scheduled pass began within it, whichever
-        process ran it (:func:`_scheduled_pass_due`)."""
+        process ran it (:func:`_scheduled_pass_began`; ``ran_at`` says when)."""
         result = PassResult(pass_id=uuid.uuid4().hex[:12])
         started = time.perf_counter()
         # the lock is held by the session the pass works in, and released when it closes:
@@ -248,10 +256,15 @@ class Reconciler:
             if not (row and row[0]):
                 result.skipped = True
                 return result
-            if at_most_every is not None and not await _scheduled_pass_due(conn,
-                                                                            at_most_every):
-                result.skipped = True
-                return result
+            if at_most_every is not None:
+                result.ran_at = await _scheduled_pass_began(conn, at_most_every)
+                if result.ran_at is not None:
+                    # this interval's pass ran (most likely in another process): this
+                    # process's gauges still show the state now, not as of its last own
+                    # pass, which a process losing every race never runs
+                    result.skipped = True
+                    await self._observe(conn)
+                    return result
             await ready_to_append(conn)  # a pass appends
             await ready_for_folding(conn)  # and folds (catch_up), as the projector does
             await self._pass(conn, result, now)

@@ -137,6 +137,8 @@ class ReconcileScheduler:
                 self._metrics.lookup_errors.labels(error=error).inc(count)
             if not result.skipped:
                 self._metrics.last_pass.set_to_current_time()
+            elif result.ran_at is not None:  # the interval's pass, run by another process
+                self._metrics.last_pass.set(result.ran_at.timestamp())
         self.last = result
         return result
 

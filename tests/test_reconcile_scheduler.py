@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client import CollectorRegistry
 
 from reconcile.client import ReferenceClient
+from reconcile.metrics import ReconcileMetrics
 from reconcile.report_files import replace_atomically
 from reconcile.runner import RECONCILE_LOCK_KEY, PassResult, Reconciler
 from reconcile.scheduler import ReconcileScheduler
@@ -195,9 +197,10 @@ def test_a_scheduled_pass_begins_once_an_interval_whichever_process_fires(db_url
 
     async def go(api_url: str) -> list[bool | None]:
         client = ReferenceClient(api_url, API_KEY, timeout_s=2)
-        first, second = (ReconcileScheduler(Reconciler(db_url, client), client,
-                                            interval_s=interval, database_url=db_url)
-                         for interval in (60, 60))
+        first = ReconcileScheduler(Reconciler(db_url, client), client, interval_s=60,
+                                   database_url=db_url)
+        second = ReconcileScheduler(Reconciler(db_url, client, observer=losing), client,
+                                    interval_s=60, database_url=db_url, metrics=losing)
         quick = ReconcileScheduler(Reconciler(db_url, client), client, interval_s=0.2,
                                    database_url=db_url)
         try:
@@ -209,7 +212,18 @@ def test_a_scheduled_pass_begins_once_an_interval_whichever_process_fires(db_url
         finally:
             await client.aclose()
 
+    registry = CollectorRegistry()
+    losing = ReconcileMetrics.create(registry)
     with running_sandbox(state=state) as api:
         assert asyncio.run(go(api.url)) == [False, True, False, False]
-    began = rows(db_url, "SELECT count(*) FROM hookledger_private.reconcile_schedule")
-    assert began == [(1,)]
+    [(count, began)] = rows(db_url, "SELECT count(*), max(began_at) "
+                                    "FROM hookledger_private.reconcile_schedule")
+    assert count == 1
+    # the process that lost the race still shows the state, and when the pass ran: its
+    # gauges were never set, and an alert on the last pass's age fired on a healthy one
+    open_now = dict(rows(db_url, "SELECT kind, count(*) FROM hookledger.discrepancies "
+                                 "WHERE status = 'open' GROUP BY kind"))
+    assert open_now and all(registry.get_sample_value(
+        "hookledger_discrepancies_open", {"kind": kind}) == n for kind, n in open_now.items())
+    last = registry.get_sample_value("hookledger_reconcile_last_pass_timestamp_seconds")
+    assert last is not None and began.timestamp() - 60 < last <= began.timestamp()
