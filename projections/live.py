@@ -118,7 +118,13 @@ def drop_connection(conn: psycopg.AsyncConnection[Any]) -> None:
     back). Shut down rather than closed: the driver still owns the descriptor, and closing
     it under the event loop's watch of it is undefined."""
     with contextlib.suppress(OSError, psycopg.Error):  # already gone: nothing to drop
-        with socket.socket(fileno=os.dup(conn.pgconn.socket)) as same:
+        descriptor = os.dup(conn.pgconn.socket)
+        try:
+            same = socket.socket(fileno=descriptor)
+        except OSError:
+            os.close(descriptor)  # not a socket after all: the copy is ours to close
+            raise
+        with same:
             same.shutdown(socket.SHUT_RDWR)
 
 

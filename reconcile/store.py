@@ -62,15 +62,15 @@ WITH candidates AS (
     UNION ALL
     -- not final: overdue a window after the provider's time, or after the row's last
     -- event arrived if that is earlier (see STATE_SINCE)
-    SELECT 'payout', o.reference, 2, NULL FROM hookledger_private.payouts o
-    LEFT JOIN hookledger_private.ledger_events le ON le.position = o.last_position
-    WHERE o.outcome NOT IN ('success', 'failure', 'refunded')
-      AND least(o.updated_at, le.received_at) <= %(overdue)s
+    SELECT 'payout', r.reference, 2, NULL FROM hookledger_private.payouts r
+    LEFT JOIN hookledger_private.ledger_events le ON le.position = r.last_position
+    WHERE r.outcome NOT IN ('success', 'failure', 'refunded')
+      AND STATE_SINCE <= %(overdue)s
     UNION ALL
-    SELECT 'collection', p.reference, 2, NULL FROM hookledger_private.payments p
-    LEFT JOIN hookledger_private.ledger_events le ON le.position = p.last_position
-    WHERE p.outcome NOT IN ('success', 'failure', 'refunded')
-      AND least(p.updated_at, le.received_at) <= %(overdue)s
+    SELECT 'collection', r.reference, 2, NULL FROM hookledger_private.payments r
+    LEFT JOIN hookledger_private.ledger_events le ON le.position = r.last_position
+    WHERE r.outcome NOT IN ('success', 'failure', 'refunded')
+      AND STATE_SINCE <= %(overdue)s
     UNION ALL
     -- an open finding is asked about again; one found since the subject's last check (a
     -- malformed refund after a checked confirmation) is asked about at once
@@ -137,7 +137,7 @@ SELECT subject, reference, min(priority) AS priority FROM (
 GROUP BY subject, reference
 ORDER BY min(priority), subject, reference
 LIMIT %(limit)s
-"""
+""".replace("STATE_SINCE", STATE_SINCE)
 
 
 @dataclass(frozen=True, slots=True)
