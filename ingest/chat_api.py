@@ -213,23 +213,34 @@ class ChatApi:
     async def aclose(self) -> None:
         await self._client.aclose()
 
+    async def _read(self, method: str, path: str, *, limit: int, deadline_factor: int,
+                    **kwargs: Any) -> tuple[int, httpx.Headers, bytes | None]:
+        """Status, headers and body of an answer, the body read as it streams in, never
+        past ``limit`` (None beyond it: decoded, each layer of its encoding within it as it
+        is undone), and the whole answer within ``deadline_factor`` timeouts (the timeout
+        bounds each wait for a byte only: one trickled a byte at a time held the caller for
+        as long as the provider liked)."""
+        deadline_s = self._timeout_s * deadline_factor
+        try:
+            with _transport_errors(method, path):
+                async with asyncio.timeout(deadline_s):
+                    async with self._client.stream(method, self._base + path,
+                                                   **kwargs) as response:
+                        return (response.status_code, response.headers,
+                                await read_at_most(response, limit))
+        except TimeoutError:
+            raise ChatApiUnavailable("timeout", f"{method} {path}: not all sent within "
+                                     f"{deadline_s:g} s") from None
+
     async def _send(self, method: str, path: str, **kwargs: Any) -> tuple[int, bytes]:
         """The status and body of an envelope answer, read no further than
         :data:`MAX_ANSWER_BYTES` and within :data:`ANSWER_DEADLINE_FACTOR` timeouts in all:
         read whole, a huge answer (or a small gzip body that decodes to one) was held in
         memory, and one trickled a byte at a time held the command, and a rotation its
         number's lock, for as long as the provider liked."""
-        deadline_s = self._timeout_s * ANSWER_DEADLINE_FACTOR
-        try:
-            with _transport_errors(method, path):
-                async with asyncio.timeout(deadline_s):
-                    async with self._client.stream(method, self._base + path,
-                                                   **kwargs) as response:
-                        status = response.status_code
-                        content = await read_at_most(response, MAX_ANSWER_BYTES)
-        except TimeoutError:
-            raise ChatApiUnavailable("timeout", f"{method} {path}: not all sent within "
-                                     f"{deadline_s:g} s") from None
+        status, _, content = await self._read(method, path, limit=MAX_ANSWER_BYTES,
+                                              deadline_factor=ANSWER_DEADLINE_FACTOR,
+                                              **kwargs)
         if content is None:
             raise ChatApiMalformed("too_large", f"HTTP {status}: an answer over "
                                    f"{MAX_ANSWER_BYTES} bytes", status=status)
@@ -284,16 +295,8 @@ class ChatApi:
             # with the API key, '.' /api/v1/waba/messages/media. Never a media's id
             raise ChatApiRefused("invalid_media_id", f"media id {media_id!r} names no media")
         path = f"/api/v1/waba/messages/{quote(media_id, safe='')}/media"
-        deadline_s = self._timeout_s * MEDIA_DEADLINE_FACTOR
-        try:
-            with _transport_errors("GET", path):
-                async with asyncio.timeout(deadline_s):
-                    async with self._client.stream("GET", self._base + path) as response:
-                        status, headers = response.status_code, response.headers
-                        content = await read_at_most(response, MAX_MEDIA_BYTES)
-        except TimeoutError:
-            raise ChatApiUnavailable("timeout", f"GET {path}: not all sent within "
-                                     f"{deadline_s:g} s") from None
+        status, headers, content = await self._read("GET", path, limit=MAX_MEDIA_BYTES,
+                                                    deadline_factor=MEDIA_DEADLINE_FACTOR)
         if content is None:
             raise ChatApiRefused("media_too_large", f"HTTP {status}: more than "
                                  f"{MAX_MEDIA_BYTES} bytes", status=status)
