@@ -30,6 +30,7 @@ from sandbox.state import media_bytes
 from tests.chat_events import PHONE, encode, inbound
 from tests.chat_live import API_KEY, json_logs, post_chat, rows, wait_for  # noqa: F401
 from tests.live import running_service
+from tests.peak_memory import peak_bytes
 
 SECRET = "chat-secret-media-1"
 MAX_ATTEMPTS = 3
@@ -214,7 +215,6 @@ def test_a_media_gzipped_twice_is_bounded_while_it_is_undone(
     sees it: 600 bytes labelled ``gzip, gzip`` became 256 MiB in memory at once (a few
     kilobytes, gigabytes), in the process that answers webhooks."""
     import asyncio
-    import tracemalloc
 
     from ingest import chat_api
     from ingest.chat_api import ChatApi
@@ -229,15 +229,10 @@ def test_a_media_gzipped_twice_is_bounded_while_it_is_undone(
         async with ChatApi(sandbox.url, API_KEY, timeout_s=5) as api:
             await api.fetch_media("media-bomb-1")
 
-    tracemalloc.start()
-    try:
-        with pytest.raises(ChatApiRefused) as refused:
-            asyncio.run(ask())
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    with peak_bytes() as peak, pytest.raises(ChatApiRefused) as refused:
+        asyncio.run(ask())
     assert refused.value.reason == "media_too_large"
-    assert peak < 8 * 1024 * 1024, peak
+    assert peak[0] < 8 * 1024 * 1024, peak
     asyncio.run(ask())  # the fault used up: the media itself is fetched
 
 

@@ -52,6 +52,7 @@ from tests.chat_live import (
     wait_for,
 )
 from tests.live import running_service
+from tests.peak_memory import peak_bytes
 
 OLD_SECRET = "chat-secret-before-rotation-1"
 GRACE_S = 2
@@ -789,7 +790,6 @@ def test_a_chat_api_answer_trickled_in_is_given_up_on_at_its_deadline(
 def test_a_chat_api_answer_past_its_bound_is_read_no_further(sandbox: Sandbox) -> None:
     """A rotate or set-webhook answer is a few hundred bytes; it was read whole into memory
     (here 600 bytes gzipped twice, 256 MiB once undone)."""
-    import tracemalloc
 
     from ingest.chat_api import ChatApi, ChatApiMalformed
     from sandbox.server import gzip_bomb
@@ -801,13 +801,8 @@ def test_a_chat_api_answer_past_its_bound_is_read_no_further(sandbox: Sandbox) -
         async with ChatApi(sandbox.url, API_KEY, timeout_s=5) as api:
             return await api.rotate_secret(PHONE)
 
-    tracemalloc.start()
-    try:
-        with pytest.raises(ChatApiMalformed) as malformed:
-            asyncio.run(ask())
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    with peak_bytes() as peak, pytest.raises(ChatApiMalformed) as malformed:
+        asyncio.run(ask())
     assert malformed.value.reason == "too_large"
-    assert peak < 8 * 1024 * 1024, peak
+    assert peak[0] < 8 * 1024 * 1024, peak
     assert asyncio.run(ask()) == sandbox.state.number(PHONE).secret  # type: ignore[union-attr]
