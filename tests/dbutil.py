@@ -72,3 +72,22 @@ def database_read_only(db_url: str) -> Iterator[None]:
         finally:
             conn.execute(sql.SQL("ALTER DATABASE {} RESET default_transaction_read_only")
                          .format(sql.Identifier(name)))
+
+
+@contextlib.contextmanager
+def tenant_in_public(db_url: str, *definitions: str) -> Iterator[None]:
+    """A role that may only create in ``public`` adds ``definitions`` there; each raises
+    ``hijacked`` when PostgreSQL picks it."""
+    role = f"hl_tenant_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {0} NOLOGIN; GRANT CREATE ON SCHEMA public TO {0}")
+                     .format(sql.Identifier(role)))
+        conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
+        for definition in definitions:
+            conn.execute(definition)
+    try:
+        yield
+    finally:
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP OWNED BY {0}; DROP ROLE {0}").format(
+                sql.Identifier(role)))

@@ -23,6 +23,7 @@ import ledger.store
 from hookledger import migrate
 from ledger.chain import check_chain
 from ledger.store import append_in
+from tests.dbutil import tenant_in_public
 from tests.projection_events import new_event
 
 
@@ -420,14 +421,8 @@ def test_a_role_that_may_create_in_public_cannot_reach_the_ledger_through_the_ap
     an event, and hashes every field as nothing, so ``verify`` calls what follows tampered.
     """
     append(db_url, 3, "SP")
-    role = f"hl_tenant_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(db_url, autocommit=True) as conn:
-        conn.execute(pg_sql.SQL("CREATE ROLE {0} NOLOGIN; GRANT CREATE ON SCHEMA public "
-                                "TO {0}").format(pg_sql.Identifier(role)))
-    try:
-        with psycopg.connect(db_url, autocommit=True) as conn:
-            conn.execute(pg_sql.SQL("SET ROLE {}").format(pg_sql.Identifier(role)))
-            conn.execute("""
+    with tenant_in_public(
+            db_url, """
                 CREATE FUNCTION public.nextval(text) RETURNS bigint LANGUAGE plpgsql AS $f$
                 BEGIN
                     EXECUTE 'CREATE OR REPLACE FUNCTION '
@@ -435,9 +430,9 @@ def test_a_role_that_may_create_in_public_cannot_reach_the_ledger_through_the_ap
                         'LANGUAGE plpgsql AS $g$ BEGIN RETURN OLD; END $g$';
                     DELETE FROM hookledger_private.ledger_events WHERE position = 2;
                     RETURN pg_catalog.nextval($1::pg_catalog.regclass);
-                END $f$""")
-            conn.execute("CREATE FUNCTION public.convert_to(text, text) RETURNS bytea "
-                         "LANGUAGE sql AS $$ SELECT '\\x00'::pg_catalog.bytea $$")
+                END $f$""",
+            "CREATE FUNCTION public.convert_to(text, text) RETURNS bytea "
+            "LANGUAGE sql AS $$ SELECT '\\x00'::pg_catalog.bytea $$"):
         append(db_url, 3, "SP-LATER")
         with psycopg.connect(db_url) as conn:
             positions = [p for (p,) in conn.execute(
@@ -445,10 +440,6 @@ def test_a_role_that_may_create_in_public_cannot_reach_the_ledger_through_the_ap
         assert positions == [1, 2, 3, 4, 5, 6]
         result = check(db_url)
         assert result.intact and result.checked == 6  # type: ignore[attr-defined]
-    finally:
-        with psycopg.connect(db_url, autocommit=True) as conn:
-            conn.execute(pg_sql.SQL("DROP OWNED BY {0}; DROP ROLE {0}").format(
-                pg_sql.Identifier(role)))
 
 
 def _digests(url: str, query: str) -> list[tuple[int, bytes]]:
@@ -467,25 +458,14 @@ def test_the_digest_function_runs_no_function_of_another_role(db_url: str) -> No
     may create in ``public`` was preferred to PostgreSQL's own for a quoted literal, and
     ran with the rights of whoever called the documented function."""
     append(db_url, 3, "DF")
-    role = f"hl_tenant_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(db_url, autocommit=True) as conn:
-        conn.execute(pg_sql.SQL("CREATE ROLE {0} NOLOGIN; GRANT CREATE ON SCHEMA public "
-                                "TO {0}").format(pg_sql.Identifier(role)))
-    try:
-        with psycopg.connect(db_url, autocommit=True) as conn:
-            conn.execute(pg_sql.SQL("SET ROLE {}").format(pg_sql.Identifier(role)))
-            conn.execute("CREATE FUNCTION public.convert_to(text, text) RETURNS bytea "
-                         "LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'hijacked'; END $$")
-            conn.execute("CREATE FUNCTION public.times(numeric, integer) RETURNS numeric "
-                         "LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'hijacked'; END $$")
-            conn.execute("CREATE OPERATOR public.* (LEFTARG = numeric, RIGHTARG = integer, "
-                         "FUNCTION = public.times)")
+    hijack = "LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'hijacked'; END $$"
+    with tenant_in_public(
+            db_url, f"CREATE FUNCTION public.convert_to(text, text) RETURNS bytea {hijack}",
+            f"CREATE FUNCTION public.times(numeric, integer) RETURNS numeric {hijack}",
+            "CREATE OPERATOR public.* (LEFTARG = numeric, RIGHTARG = integer, "
+            "FUNCTION = public.times)"):
         found = _digests(db_url, FUNCTION_DIGESTS)  # the search path: "$user", public
         assert found == _pinned_digests(db_url) and len(found) == 3
-    finally:
-        with psycopg.connect(db_url, autocommit=True) as conn:
-            conn.execute(pg_sql.SQL("DROP OWNED BY {0}; DROP ROLE {0}").format(
-                pg_sql.Identifier(role)))
 
 
 def _pinned_digests(url: str) -> list[tuple[int, bytes]]:

@@ -10,36 +10,13 @@ case is in ``test_chain.py``.
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime
 
 import psycopg
-from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 from ingest.chat_secrets import ChatSecretStore, install_in
-
-
-@contextmanager
-def tenant_in_public(db_url: str, *definitions: str) -> Iterator[None]:
-    """A role that may only create in ``public`` adds ``definitions`` there; each raises
-    ``hijacked`` when PostgreSQL picks it."""
-    role = f"hl_tenant_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(db_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE ROLE {0} NOLOGIN; GRANT CREATE ON SCHEMA public TO {0}")
-                     .format(sql.Identifier(role)))
-        conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
-        for definition in definitions:
-            conn.execute(definition)
-    try:
-        yield
-    finally:
-        with psycopg.connect(db_url, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP OWNED BY {0}; DROP ROLE {0}").format(
-                sql.Identifier(role)))
-
+from tests.dbutil import tenant_in_public
 
 HIJACK = "LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'hijacked'; END $$"
 
