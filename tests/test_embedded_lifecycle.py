@@ -270,11 +270,24 @@ def test_a_first_start_interrupted_while_the_cluster_is_made_leaves_a_home_that_
     starts_answers_and_stops(server)
 
 
-def _home_with_its_socket_in_tmp(top: Path) -> Path:
-    """A home whose socket path would be too long there: the socket goes to /tmp."""
-    home = top / ("deep-" * 20)
-    assert EmbeddedPostgres(home).socket_dir.parent == Path("/tmp")
-    return home
+@contextlib.contextmanager
+def _socket_folder_in_tmp_open_to_all() -> Iterator[EmbeddedPostgres]:
+    """A server whose home's socket path would be too long there, so that its socket goes
+    to /tmp, where a folder of that name is already made and open to all; removed after."""
+    import shutil
+    import tempfile
+
+    top = Path(tempfile.mkdtemp(prefix="hl-"))
+    top.chmod(0o755)
+    server = EmbeddedPostgres(top / ("deep-" * 20))
+    assert server.socket_dir.parent == Path("/tmp")
+    server.socket_dir.mkdir(mode=0o777)
+    server.socket_dir.chmod(0o777)
+    try:
+        yield server
+    finally:
+        shutil.rmtree(server.socket_dir, ignore_errors=True)
+        shutil.rmtree(top, ignore_errors=True)
 
 
 def test_a_socket_folder_in_tmp_that_others_may_enter_is_closed_before_the_server_uses_it(
@@ -283,24 +296,12 @@ def test_a_socket_folder_in_tmp_that_others_may_enter_is_closed_before_the_serve
     the socket is its superuser (trust). A folder of that name already there, open to all
     (made by another run, or by another user for the purpose), was used as it was: every
     local user could connect, or swap the socket for one of their own."""
-    import shutil
-    import tempfile
-
-    top = Path(tempfile.mkdtemp(prefix="hl-"))
-    top.chmod(0o755)
-    home = _home_with_its_socket_in_tmp(top)
-    server = EmbeddedPostgres(home)
-    server.socket_dir.mkdir(mode=0o777)
-    server.socket_dir.chmod(0o777)
-    try:
+    with _socket_folder_in_tmp_open_to_all() as server:
         server.start()
         try:
             assert stat.S_IMODE(server.socket_dir.stat().st_mode) == 0o700
         finally:
             server.stop()
-    finally:
-        shutil.rmtree(server.socket_dir, ignore_errors=True)
-        shutil.rmtree(top, ignore_errors=True)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root can give a folder to another user")
@@ -309,27 +310,18 @@ def test_a_socket_folder_in_tmp_owned_by_another_user_is_refused() -> None:
     path) kept the right to replace the server's socket, or to reach it: root even gave the
     folder to the server's user and left it open to all."""
     import pwd
-    import shutil
-    import tempfile
 
-    top = Path(tempfile.mkdtemp(prefix="hl-"))
-    top.chmod(0o755)
-    home = _home_with_its_socket_in_tmp(top)
-    server = EmbeddedPostgres(home)
-    server.socket_dir.mkdir(mode=0o777)
-    server.socket_dir.chmod(0o777)
-    nobody = pwd.getpwnam("nobody")
-    os.chown(server.socket_dir, nobody.pw_uid, nobody.pw_gid)
-    try:
-        with pytest.raises(EmbeddedPostgresError) as refused:
-            server.start()
-        assert str(server.socket_dir) in str(refused.value)
-        assert server.socket_dir.stat().st_uid == nobody.pw_uid  # left as it was
-        assert not postgres_running(home)
-    finally:
-        server.stop()
-        shutil.rmtree(server.socket_dir, ignore_errors=True)
-        shutil.rmtree(top, ignore_errors=True)
+    with _socket_folder_in_tmp_open_to_all() as server:
+        nobody = pwd.getpwnam("nobody")
+        os.chown(server.socket_dir, nobody.pw_uid, nobody.pw_gid)
+        try:
+            with pytest.raises(EmbeddedPostgresError) as refused:
+                server.start()
+            assert str(server.socket_dir) in str(refused.value)
+            assert server.socket_dir.stat().st_uid == nobody.pw_uid  # left as it was
+            assert not postgres_running(server.root.parent)
+        finally:
+            server.stop()
 
 
 def _cluster_of_another_user(home: Path) -> EmbeddedPostgres:
