@@ -41,7 +41,7 @@ LATER_STATES = {subject: sorted(SUCCESSORS.get(subject, {})) for subject in ("co
 # bounded by arrival alike (``projections.chat_folds.window_start``).
 STATE_SINCE = "least(r.updated_at, le.received_at)"
 
-DUE_SQL = """
+DUE_SQL = f"""
 WITH candidates AS (
     SELECT e.kind AS subject, e.reference, 1 AS priority, NULL::timestamptz AS detected_at
     FROM hookledger_private.expectations e
@@ -65,12 +65,12 @@ WITH candidates AS (
     SELECT 'payout', r.reference, 2, NULL FROM hookledger_private.payouts r
     LEFT JOIN hookledger_private.ledger_events le ON le.position = r.last_position
     WHERE r.outcome NOT IN ('success', 'failure', 'refunded')
-      AND STATE_SINCE <= %(overdue)s
+      AND {STATE_SINCE} <= %(overdue)s
     UNION ALL
     SELECT 'collection', r.reference, 2, NULL FROM hookledger_private.payments r
     LEFT JOIN hookledger_private.ledger_events le ON le.position = r.last_position
     WHERE r.outcome NOT IN ('success', 'failure', 'refunded')
-      AND STATE_SINCE <= %(overdue)s
+      AND {STATE_SINCE} <= %(overdue)s
     UNION ALL
     -- an open finding is asked about again; one found since the subject's last check (a
     -- malformed refund after a checked confirmation) is asked about at once
@@ -137,7 +137,7 @@ SELECT subject, reference, min(priority) AS priority FROM (
 GROUP BY subject, reference
 ORDER BY min(priority), subject, reference
 LIMIT %(limit)s
-""".replace("STATE_SINCE", STATE_SINCE)
+"""
 
 
 @dataclass(frozen=True, slots=True)
