@@ -8,7 +8,6 @@ database is configured; migrations applied first).
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -110,19 +109,12 @@ def report_command(fmt: str, since: str | None, out: Path | None) -> None:
                         spooled(device) as sink:
                     stream_report(url, {fmt: sink}, since=start, windows=windows)
             else:  # a disk that fills up mid-write leaves the previous report whole
-                with atomic_text(out.resolve(), mode=_new_file_mode()) as sink:
+                with atomic_text(out.resolve()) as sink:
                     stream_report(url, {fmt: sink}, since=start, windows=windows)
         except OSError as exc:  # a folder that cannot be made or written: no traceback
             click.echo(f"hookledger: cannot write {out}: {exc.strerror or exc}", err=True)
             sys.exit(2)
     click.echo(f"wrote {out}", err=True)
-
-
-def _new_file_mode() -> int:
-    """What ``open`` would give a new file here: the umask honoured (077: private)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
 
 
 @click.command(name="expect")

@@ -260,15 +260,35 @@ def _remove_abandoned(directory: Path, older_than_s: float = 3600) -> None:
                 leftover.unlink()
 
 
+def new_file_mode() -> int:
+    """What ``open`` gives a new file here: 0666 less the umask (027: group-readable only).
+
+    Read from ``/proc`` where it can be: ``os.umask`` only tells by setting it, and for that
+    moment every file another thread of ``serve`` makes (the spool's, say) would be made
+    with no umask at all.
+    """
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return 0o666 & ~int(line.split()[1], 8)
+    umask = os.umask(0o077)  # the narrowest for the moment it takes
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 @contextlib.contextmanager
-def atomic_file(path: Path, *, mode: int = 0o644) -> Iterator[IO[bytes]]:
+def atomic_file(path: Path, *, mode: int | None = None) -> Iterator[IO[bytes]]:
     """A file written beside ``path`` under a name of this writer's own, renamed over it
     once the block ends without an exception (removed if it raises): every worker of a
     ``serve`` writes the same report names at the same moment, and a shared temporary name
     let one truncate the file another was about to rename. The file keeps the mode of the
-    one it replaces (a report someone made private stays private), else gets ``mode``."""
-    with contextlib.suppress(FileNotFoundError):
+    one it replaces (a report someone made private stays private), else gets ``mode``, by
+    default what the umask gives (a report lists references and amounts: it was 0644
+    whatever the umask)."""
+    try:
         mode = stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
+        mode = new_file_mode() if mode is None else mode
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.",
                                          suffix=".tmp")
     try:
@@ -285,7 +305,7 @@ def atomic_file(path: Path, *, mode: int = 0o644) -> Iterator[IO[bytes]]:
 
 
 @contextlib.contextmanager
-def atomic_text(path: Path, *, mode: int = 0o644) -> Iterator[TextIO]:
+def atomic_text(path: Path, *, mode: int | None = None) -> Iterator[TextIO]:
     """:func:`atomic_file` as UTF-8 text, line endings as written (CSV rows end in CRLF)."""
     with atomic_file(path, mode=mode) as raw:
         text = io.TextIOWrapper(raw, encoding="utf-8", newline="")
@@ -295,7 +315,7 @@ def atomic_text(path: Path, *, mode: int = 0o644) -> Iterator[TextIO]:
             text.detach()  # flushed; atomic_file syncs, closes and renames (or removes) it
 
 
-def replace_atomically(path: Path, data: bytes, *, mode: int = 0o644) -> None:
+def replace_atomically(path: Path, data: bytes, *, mode: int | None = None) -> None:
     """``data`` written to ``path`` through :func:`atomic_file`."""
     with atomic_file(path, mode=mode) as out:
         out.write(data)

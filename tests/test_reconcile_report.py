@@ -8,6 +8,7 @@ import io
 import json
 import os
 import re
+import stat
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from fractions import Fraction
@@ -391,3 +392,39 @@ def test_money_at_risk_of_fifteen_places_on_a_large_amount_is_kept() -> None:
             for i, risk in enumerate(["999999999999999.5", "0.000000000000001"])]
     assert build_report(items, now=now)["totals"]["amount_at_risk_open"] == \
         "999999999999999.500000000000001"
+
+
+@pytest.mark.parametrize("umask", [0o027, 0o077, 0o002])
+def test_scheduled_reports_get_what_the_umask_gives(db_url: str, tmp_path: Path,
+                                                    umask: int) -> None:
+    """Every scheduled report (references and amounts) was made 0644 whatever the umask:
+    a service run under 027 or 077 to keep its files private published them to every
+    local user. A report replaced keeps its own mode."""
+    from reconcile.scheduler import ReconcileScheduler
+
+    async def write() -> list[Path]:
+        reports = ReconcileScheduler(None, None, interval_s=60, database_url=db_url,
+                                     reports_dir=tmp_path, report_interval_s=3600)
+        return list(await reports.report_once())
+
+    before = os.umask(umask)
+    try:
+        written = asyncio.run(write())
+    finally:
+        os.umask(before)
+    assert len(written) == 8
+    assert {oct(stat.S_IMODE(path.stat().st_mode)) for path in written} == {
+        oct(0o666 & ~umask)}
+
+
+def test_the_new_file_mode_is_read_without_changing_the_umask() -> None:
+    """``os.umask`` tells only by setting it, for a moment in which another thread's new
+    files (the spool's) would be made world-writable; the mode is read from ``/proc``."""
+    from reconcile.report_files import new_file_mode
+
+    before = os.umask(0o027)
+    try:
+        assert new_file_mode() == 0o640
+        assert os.umask(0o027) == 0o027  # untouched
+    finally:
+        os.umask(before)
