@@ -183,30 +183,38 @@ def main() -> None:
 
 
 def _migrate_and_check(url: str) -> None:
-    """Apply migrations, then warn once when the database's collation puts the dedupe
-    index at risk (:mod:`hookledger.collation`), or its encoding the deliveries it cannot
-    hold (:mod:`hookledger.encoding`), or its default isolation the hash chain
-    or its default synchronous_commit the durability of an acknowledged delivery behind a
-    pooler (:mod:`hookledger.isolation`): what every long-running command and
-    ``migrate`` do first. The command goes on all the same, and a check that cannot be
-    made is no reason to stop either."""
+    """Warn once when the database's collation puts the dedupe index at risk
+    (:mod:`hookledger.collation`), or its encoding the deliveries it cannot hold
+    (:mod:`hookledger.encoding`), or its default isolation the hash chain or its default
+    synchronous_commit the durability of an acknowledged delivery behind a pooler
+    (:mod:`hookledger.isolation`), then apply migrations: what every long-running command
+    and ``migrate`` do first. The command goes on all the same, and a check that cannot be
+    made is no reason to stop either. The checks come first (they read nothing migrations
+    make): after the migrations, one that failed hid them."""
+    _warn_of_database_settings(url)
+    migrate.upgrade(url)
+
+
+def _warn_of_database_settings(url: str) -> None:
     import psycopg
 
     from hookledger.collation import database_collation_concern
     from hookledger.encoding import database_encoding_concern
     from hookledger.isolation import database_durability_concern, database_isolation_concern
 
-    migrate.upgrade(url)
-    try:  # the checks on one new session: a start-up connection, not one per check
-        with psycopg.connect(url, connect_timeout=10) as conn:
+    # the checks on one new session: a start-up connection, not one per check. A database
+    # that cannot be reached is the command's end, named as the migrations' own attempt
+    # would name it (they would only wait out the same timeout again)
+    with psycopg.connect(url, connect_timeout=10) as conn:
+        try:
             concerns = [("database.collation_not_c", database_collation_concern(conn)),
                         ("database.encoding_not_utf8", database_encoding_concern(conn)),
                         ("database.isolation_not_read_committed",
                          database_isolation_concern(conn)),
                         ("database.synchronous_commit_off",
                          database_durability_concern(conn))]
-    except psycopg.Error:
-        return
+        except psycopg.Error:
+            return
     for event, concern in concerns:
         if concern:
             log.warning(event, reason=concern)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
@@ -100,3 +101,34 @@ def test_migrate_says_nothing_of_a_c_database(
     output = _migrate(c_db, tmp_path, monkeypatch)
     assert "collation" not in output
     assert "migrations applied" in output
+
+
+def test_a_migration_that_fails_still_warns_of_the_collation_first(
+        locale_db: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The warnings came after the migrations, so a role that may not create the schemas
+    stopped the command without them, though the collation concerned the same database."""
+    url, locale = locale_db
+    role = unique_name("hookledger_no_create")
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN")
+    try:
+        try:
+            psycopg.connect(url, user=role).close()
+        except psycopg.OperationalError:
+            pytest.skip("the test server asks this new role for a password")
+        monkeypatch.setenv("HOOKLEDGER_DATABASE_URL", make_conninfo_url(url, role))
+        monkeypatch.setenv("HOOKLEDGER_HOME", str(tmp_path))
+        result = CliRunner().invoke(main, ["migrate"])
+        assert result.exit_code != 0
+        assert "database.collation_not_c" in result.output and repr(locale) in result.output
+    finally:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f"DROP OWNED BY {role}; DROP ROLE {role}")
+
+
+def make_conninfo_url(url: str, user: str) -> str:
+    """``url`` with another user (no password: the test servers trust their roles)."""
+    parts = urlsplit(url)
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit((parts.scheme, f"{user}@{host}", parts.path, parts.query,
+                       parts.fragment))
