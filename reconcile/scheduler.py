@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import structlog
+from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobSubmissionEvent
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from reconcile.client import ReferenceClient
@@ -37,6 +40,20 @@ STOP_WAIT_S = 5.0
 # share of the interval: one pass an interval in all, whatever the number of processes
 # (each fires its own), with room for the schedulers' own drift
 SCHEDULED_SHARE = 0.9
+
+
+class _StillRunningSaidOurWay(logging.Filter):
+    """APScheduler's own warning for a run that falls due while the last still runs
+    (``Execution of job ... skipped: maximum number of running instances``) is said as
+    ``reconcile.still_running`` instead: a pass outlasting its interval is no fault (late
+    runs are coalesced), and a warning every interval read as one."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "maximum number of running instances" not in record.getMessage()
+
+
+SCHEDULER_LOG = logging.getLogger("apscheduler.scheduler")
+SCHEDULER_LOG.addFilter(_StillRunningSaidOurWay())
 
 
 class ReconcileScheduler:
@@ -69,8 +86,10 @@ class ReconcileScheduler:
             self.scheduler.add_job(self.report_once, "interval", seconds=report_interval_s,
                                    id="report", max_instances=1, coalesce=True,
                                    misfire_grace_time=None)
+        self.scheduler.add_listener(self._still_running, EVENT_JOB_MAX_INSTANCES)
         self.last: PassResult | None = None
         self._running: set[asyncio.Task[Any]] = set()
+        self._began: dict[str, float] = {}  # job name: when its run in progress began
         self._stopping = False
 
     def start(self) -> None:
@@ -105,6 +124,7 @@ class ReconcileScheduler:
         task = asyncio.current_task()
         assert task is not None
         self._running.add(task)
+        self._began[name] = time.monotonic()
         try:
             yield
         except asyncio.CancelledError:
@@ -115,6 +135,15 @@ class ReconcileScheduler:
             log.info("reconcile.stopped", job=name)
         finally:
             self._running.discard(task)
+            self._began.pop(name, None)
+
+    def _still_running(self, event: JobSubmissionEvent) -> None:
+        job = "pass" if event.job_id == "reconcile" else event.job_id
+        began = self._began.get(job)
+        log.info("reconcile.still_running", job=job,
+                 running_s=None if began is None else round(time.monotonic() - began, 1),
+                 interval_s=(self._interval if job == "pass" else self._report_interval
+                             or self._interval).total_seconds())
 
     async def run_once(self) -> PassResult | None:
         if self._reconciler is None:
