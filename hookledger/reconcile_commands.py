@@ -25,9 +25,12 @@ from reconcile.report_files import atomic_text, spooled, stream_report
 from reconcile.report_render import FORMATS
 
 SKIPPED_EXIT = 3  # `reconcile` found another pass running and checked nothing
-# every subject it asked about was an API error: it learned nothing (a wrong API key or
-# base URL looks like this), and a script must not take it for "all clear"
+# every subject it asked about was an API error: it learned nothing (a wrong base URL or
+# a provider that is down looks like this), and a script must not take it for "all clear"
 ALL_FAILED_EXIT = 4
+# the provider refused the API key (401, 403, an authentication code), and the pass stopped
+# asking there: told apart from 4, since a key is put right where an outage is waited out
+KEY_REFUSED_EXIT = 5
 
 
 def _root() -> Settings:
@@ -41,6 +44,7 @@ def _root() -> Settings:
 @click.command(name="reconcile")
 def reconcile_command() -> None:
     """Run one reconciliation pass now and print what it found."""
+    from reconcile.client import KEY_REFUSED
     from reconcile.runner import PassResult, Reconciler
     from reconcile.wiring import client_from, config_from
 
@@ -63,6 +67,11 @@ def reconcile_command() -> None:
         click.echo(escaped(line))
     if result.skipped:  # nothing was checked: a script must not take it for "all clear"
         sys.exit(SKIPPED_EXIT)
+    if result.stopped == KEY_REFUSED:
+        click.echo("hookledger: the provider refused the API key; the pass stopped asking "
+                   f"and left {result.left_due} subject(s) due for the next pass (check "
+                   "HOOKLEDGER_API_KEY)", err=True)
+        sys.exit(KEY_REFUSED_EXIT)
     if result.checked and result.results.get("error", 0) == result.checked:
         click.echo("hookledger: every lookup failed; nothing was learned (the errors are "
                    "above: refused or unreachable every time usually means "

@@ -8,7 +8,12 @@ lock, for as long as it lasts); retries with exponential backoff and full jitter
 connection errors, 5xx, 429 (honouring ``Retry-After``, capped) and malformed envelopes;
 at most ``concurrency`` requests in flight. A 429 pauses the whole client, not only the
 lookup it answered: the provider limits the caller, and lookups that went on asking
-meanwhile would only be refused in turn and use up their attempts. The API key goes in
+meanwhile would only be refused in turn and use up their attempts. A refused API key (401
+or 403 whatever the body, or an envelope code of the authentication service, 4xxxx, whatever
+the status) is error ``key_refused``, never retried, and lookups that share a ``stop`` event
+ask nothing more once one of them meets it (error ``stopped``): a key the provider refuses
+is refused on every lookup, and each one more asked with it is only one more refusal (a
+provider may lock the key out after enough of them). The API key goes in
 the ``apiToken`` header and nowhere else: errors name the reference and the HTTP status,
 never headers, and a provider's words kept in a lookup have the key masked.
 """
@@ -16,6 +21,7 @@ never headers, and a provider's words kept in a lookup have the key masked.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import time
@@ -31,7 +37,13 @@ from ingest.bounded_read import ACCEPT_ENCODING, read_at_most
 from ingest.errors import BodyError
 from ingest.json_body import object_of_distinct_keys
 from ledger.jsonenc import decimal_or_text, jsonb_safe
-from reconcile.errors import ApiRefused, ApiUnavailable, MalformedEnvelope, MappingError
+from reconcile.errors import (
+    ApiKeyRefused,
+    ApiRefused,
+    ApiUnavailable,
+    MalformedEnvelope,
+    MappingError,
+)
 from reconcile.records import CODE_RANGE, ProviderRecord, RecordMapping
 
 LookupKind = Literal["found", "not_found", "error"]
@@ -42,6 +54,13 @@ MAX_RETRY_AFTER_S = 30.0
 # huge or endless answer (or a gzip bomb) held a pass's memory, with up to ``concurrency``
 # of them at once, inside ``serve``
 MAX_ANSWER_BYTES = 1024 * 1024
+# answers refusing who asks, not what is asked (ingest.chat_media reads the chat API's
+# alike): a wrong, revoked or expired key. The API's HTTP statuses are not in the spec, so
+# a refused key may come as a 200 or 400 carrying 40101 as well as a 401
+KEY_REFUSED_STATUSES = frozenset({401, 403})
+AUTHENTICATION_CODES = range(40000, 50000)  # the spec's 4xxxx
+KEY_REFUSED = "key_refused"  # a lookup's error: the provider refused the API key
+STOPPED = "stopped"  # a lookup's error: not asked (again), its ``stop`` was set first
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +70,8 @@ class Lookup:
     reference: str
     kind: LookupKind
     record: ProviderRecord | None = None
-    error: str | None = None  # a reason code: unavailable, malformed_envelope, refused, ...
+    # a reason code: unavailable, malformed_envelope, refused, key_refused, stopped, ...
+    error: str | None = None
     detail: str | None = None
     api_code: int | None = None
     attempts: int = 1
@@ -198,21 +218,30 @@ class ReferenceClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def lookup(self, reference: str) -> Lookup:
+    async def lookup(self, reference: str, *, stop: asyncio.Event | None = None) -> Lookup:
         """What the provider says about ``reference``; its detail never holds the API key
-        (:func:`masked`): it is kept in the ``reconcile.checked`` event for good."""
-        lookup = await self._lookup(reference)
+        (:func:`masked`): it is kept in the ``reconcile.checked`` event for good.
+
+        ``stop``, shared by the lookups of one pass: set when one of them has the key
+        refused, and from then on none of them sends a request (a first one, or a retry),
+        nor waits out a pause or backoff any longer: each ends as error ``stopped``. Those
+        already sent finish."""
+        lookup = await self._lookup(reference, stop)
         detail = masked(lookup.detail, self._key)
         return lookup if detail == lookup.detail else replace(lookup, detail=detail)
 
-    async def _lookup(self, reference: str) -> Lookup:
+    async def _lookup(self, reference: str, stop: asyncio.Event | None) -> Lookup:
         started = time.perf_counter()
         attempt = 0
         while True:
             attempt += 1
             try:
+                if stop is not None and stop.is_set():
+                    return self._stopped(reference, attempt, started)
                 async with self._semaphore:
-                    await self._paced()
+                    await self._paced(stop)
+                    if stop is not None and stop.is_set():  # set while this one waited
+                        return self._stopped(reference, attempt, started)
                     return self._finish(await self._once(reference), attempt, started)
             except _Retryable as retry:
                 delay = backoff_delay(attempt, base_s=self._base_s, cap_s=self._cap_s,
@@ -228,22 +257,43 @@ class ReferenceClient:
                                   detail=f"{error.__name__}: {retry.detail}",
                                   api_code=retry.api_code, attempts=attempt,
                                   seconds=time.perf_counter() - started)
-                await asyncio.sleep(delay)
+                await self._sleep(delay, stop)
             except (ApiRefused, MappingError) as exc:
-                reason = "refused" if isinstance(exc, ApiRefused) else "mapping"
+                if isinstance(exc, ApiKeyRefused):
+                    reason = KEY_REFUSED
+                    if stop is not None:
+                        stop.set()  # before any other lookup's next step: none starts now
+                else:
+                    reason = "refused" if isinstance(exc, ApiRefused) else "mapping"
                 return Lookup(reference, "error", error=reason,
                               detail=f"{type(exc).__name__}: {exc}", attempts=attempt,
                               seconds=time.perf_counter() - started)
 
-    async def _paced(self) -> None:
+    @staticmethod
+    def _stopped(reference: str, attempt: int, started: float) -> Lookup:
+        return Lookup(reference, "error", error=STOPPED,
+                      detail="not asked: another lookup had the API key refused",
+                      attempts=attempt - 1, seconds=time.perf_counter() - started)
+
+    @staticmethod
+    async def _sleep(seconds: float, stop: asyncio.Event | None) -> None:
+        """``asyncio.sleep``, cut short once ``stop`` is set."""
+        if stop is None:
+            await asyncio.sleep(seconds)
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), seconds)
+
+    async def _paced(self, stop: asyncio.Event | None) -> None:
         """Wait out the latest 429's pause (another lookup may lengthen it meanwhile), then
         a moment more of one's own, so that the waiting lookups do not all ask at once."""
         paused = False
-        while (wait := self._resume_at - time.monotonic()) > 0:
+        while (wait := self._resume_at - time.monotonic()) > 0 \
+                and not (stop is not None and stop.is_set()):
             paused = True
-            await asyncio.sleep(wait)
+            await self._sleep(wait, stop)
         if paused:
-            await asyncio.sleep(self._rng.uniform(0.0, RESUME_SPREAD_S))
+            await self._sleep(self._rng.uniform(0.0, RESUME_SPREAD_S), stop)
 
     async def _get(self, path: str) -> tuple[httpx.Response, bytes]:
         """The answer and its body, read no further than :data:`MAX_ANSWER_BYTES`."""
@@ -251,6 +301,8 @@ class ReferenceClient:
             if answer.status_code == 429 or answer.status_code >= 500:
                 return answer, b""  # retried on its status (and Retry-After) alone
             content = await read_at_most(answer, MAX_ANSWER_BYTES)
+            if content is None and answer.status_code in KEY_REFUSED_STATUSES:
+                return answer, b""  # refused on its status alone
             if content is None:
                 raise _Retryable("too_large",
                                  f"HTTP {answer.status_code}: an answer over "
@@ -282,10 +334,15 @@ class ReferenceClient:
         try:
             envelope = parse_envelope(content)
         except MalformedEnvelope as exc:
+            if status in KEY_REFUSED_STATUSES:  # a gateway's own page, its status says it
+                raise ApiKeyRefused(f"HTTP {status} without the API's envelope") from exc
             # a 404 without the API's envelope is a wrong base URL or a proxy, not the
             # provider saying it has no such payment: "unknown at the provider" would tell
             # someone to charge a customer again
             raise _Retryable("malformed_envelope", f"HTTP {status}: {exc}") from exc
+        if status in KEY_REFUSED_STATUSES or (
+                not envelope.success and envelope.code in AUTHENTICATION_CODES):
+            raise ApiKeyRefused(f"HTTP {status}, API code {envelope.code}")
         if not envelope.success and (envelope.code == 1404 or (
                 status == 404 and 1000 <= envelope.code <= 1999)):
             return Lookup(reference, "not_found", detail=envelope.message,

@@ -6,7 +6,8 @@
     ├── ApiError                 the reference API gave no usable answer
     │   ├── ApiUnavailable       timeouts, 5xx, 429: still failing after every retry
     │   ├── MalformedEnvelope    not the {success, code, message, data} envelope
-    │   └── ApiRefused           a 4xx other than 404/429 (e.g. a wrong apiToken)
+    │   └── ApiRefused           a 4xx other than 404/429
+    │       └── ApiKeyRefused    the API key itself: 401, 403, or an authentication code
     ├── MappingError             ``data`` lacks what the configured mapping names
     └── ExpectationInvalid       an expectation that cannot be registered
 
@@ -37,6 +38,10 @@ class MalformedEnvelope(ApiError):
 
 class ApiRefused(ApiError):
     """the reference API refused the request"""
+
+
+class ApiKeyRefused(ApiRefused):
+    """the reference API refused the API key"""
 
 
 class MappingError(ReconcileError):

@@ -8,11 +8,18 @@ is taken in chunks; each chunk's results commit in one transaction together with
 ``reconcile_subjects`` bookkeeping, so an interrupted pass resumes where it stopped and no
 subject is asked twice in one pass unless its row changed while the pass asked about it.
 ``max_subjects`` and ``rate_per_s`` pace a backlog.
+
+A pass stops asking at the first lookup whose API key the provider refuses (401, 403, an
+authentication code: :data:`~reconcile.client.KEY_REFUSED`): lookups already sent finish
+and are kept, none starts after it, and the subjects left unanswered (the refused ones too)
+stay due, unmarked, for the next pass. Asked on, each was one more refusal of the key, and
+each was put into backoff, so that once the key was put right they waited it out.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
 import uuid
@@ -40,7 +47,8 @@ from projections.projector import catch_up, ready_for_folding
 from reconcile import store
 from reconcile.cancelled_invoices import judge_cancelled
 from reconcile.checks import Local, Verdict, decide, same_amounts, settle
-from reconcile.client import Lookup
+from reconcile.client import KEY_REFUSED, STOPPED, Lookup
+from reconcile.errors import ApiKeyRefused
 from reconcile.findings import (
     checked_event,
     detected_event,
@@ -67,7 +75,8 @@ log = structlog.get_logger("hookledger.reconcile")
 
 
 class Lookups(Protocol):
-    async def lookup(self, reference: str) -> Lookup: ...
+    async def lookup(self, reference: str, *, stop: asyncio.Event | None = None
+                     ) -> Lookup: ...
 
 
 class PassObserver(Protocol):
@@ -162,12 +171,20 @@ class PassResult:
     # how often each (subject, reference) was asked in this pass: more than once when its
     # row changed during the pass's look, and each check's events are keyed apart
     asked: Counter[tuple[str, str]] = field(default_factory=Counter)
+    # why the pass stopped asking before it was through ("key_refused"), and what said so
+    # (the first refused lookup's status and API code; never the key)
+    stopped: str | None = None
+    stopped_by: str | None = None
+    left_due: int = 0  # subjects it picked and left due unanswered when it stopped
 
     def summary(self) -> list[str]:
         if self.skipped:
             return ["another reconciliation pass is running; skipped"]
         lines = [f"checked {self.checked} subject(s) in {self.seconds:.1f} s: "
                  + (", ".join(f"{k} {n}" for k, n in sorted(self.results.items())) or "none")]
+        if self.stopped == KEY_REFUSED:
+            lines.append(f"  stopped: the provider refused the API key ({self.stopped_by}); "
+                         f"{self.left_due} subject(s) not answered stay due for the next pass")
         for d in self.detected:
             # in digits: a provider's amount is kept as it spelled it, 1E+3 perhaps
             risk = "-" if d["amount_at_risk"] is None else format(d["amount_at_risk"], "f")
@@ -196,13 +213,18 @@ class _Pacer:
         self._next = time.monotonic()
         self._lock = asyncio.Lock()
 
-    async def wait(self) -> None:
+    async def wait(self, stop: asyncio.Event) -> None:
+        """One's turn of the pace, or at once when ``stop`` is set: the lookups queued
+        behind a refused key each waited their turn only to ask nothing."""
         if not self._interval:
             return
         async with self._lock:
+            if stop.is_set():
+                return
             now = time.monotonic()
             if self._next > now:
-                await asyncio.sleep(self._next - now)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self._next - now)
             self._next = max(self._next, now) + self._interval
 
 
@@ -270,10 +292,15 @@ class Reconciler:
             await self._pass(conn, result, now)
             await self._observe(conn)
         result.seconds = time.perf_counter() - started
+        if result.stopped == KEY_REFUSED:
+            log.error("reconcile.key_refused", pass_id=result.pass_id,
+                      detail=result.stopped_by, checked=result.checked,
+                      left_due=result.left_due,
+                      reason="the provider refused the API key; the pass stopped asking")
         log.info("reconcile.pass", pass_id=result.pass_id, checked=result.checked,
                  detected=len(result.detected), resolved=len(result.resolved),
                  recovered=len(result.recovered), errors=sum(result.errors.values()),
-                 seconds=round(result.seconds, 3))
+                 stopped=result.stopped, seconds=round(result.seconds, 3))
         return result
 
     async def _catch_up(self, conn: store.Connection) -> None:
@@ -294,7 +321,8 @@ class Reconciler:
         # backoffs are judged by this moment: a subject this pass asked is due again in it
         # only once its row changed, never because its backoff ended meanwhile
         began = now or datetime.now(UTC)
-        while done < cfg.max_subjects:
+        stop = asyncio.Event()  # set by a refused key: the pass asks nothing more
+        while done < cfg.max_subjects and not stop.is_set():
             moment = now or datetime.now(UTC)
             # the re-check allowance is the pass's: each chunk gets what earlier ones left
             due = await store.due_subjects(
@@ -304,25 +332,30 @@ class Reconciler:
                 pass_began=began, limit=min(cfg.chunk_size, cfg.max_subjects - done))
             if not due:
                 break
-            await self._chunk(conn, due, result, moment)
+            await self._chunk(conn, due, result, moment, stop)
             done += len(due)
             rechecked += sum(1 for d in due if d.recheck)
             await self._catch_up(conn)
 
     async def _chunk(self, conn: store.Connection, due: Sequence[store.Due],
-                     result: PassResult, now: datetime) -> None:
+                     result: PassResult, now: datetime, stop: asyncio.Event) -> None:
         cfg = self.config
         views, positions = await store.local_views(conn, due)
         previous = await store.previous_checks(conn, due)
         pacer = _Pacer(cfg.rate_per_s)
 
         async def ask(reference: str) -> Lookup:
-            await pacer.wait()
+            await pacer.wait(stop)
+            if stop.is_set():
+                return Lookup(reference, "error", error=STOPPED)
             try:
-                return await self._client.lookup(reference)
+                lookup = await self._client.lookup(reference, stop=stop)
             except Exception as exc:  # one lookup's bug must not end the pass
                 log.exception("reconcile.lookup_failed", reference=reference)
                 return Lookup(reference, "error", error="internal", detail=type(exc).__name__)
+            if lookup.error == KEY_REFUSED:
+                stop.set()  # (the client has set it already, before any other lookup ran)
+            return lookup
 
         lookups = await self._speaking(conn, asyncio.gather(*(ask(d.reference) for d in due)))
         await self._spelled_elsewhere(conn, due, lookups, views)
@@ -330,7 +363,19 @@ class Reconciler:
         marks: list[Mark] = []
         recoveries: list[tuple[int, str, str]] = []
         spans: list[Span] = []
+        unanswered = 0
         for d, lookup in zip(due, lookups, strict=True):
+            if lookup.error in (KEY_REFUSED, STOPPED):
+                # no answer to judge: left due, unmarked, with no event, so the next pass
+                # asks it at once (marked, it waited its backoff after the key was put right)
+                unanswered += 1
+                if lookup.error == KEY_REFUSED:
+                    result.errors[KEY_REFUSED] += 1  # a request the provider refused
+                    if result.stopped is None:
+                        result.stopped = KEY_REFUSED
+                        result.stopped_by = (lookup.detail or "").removeprefix(
+                            f"{ApiKeyRefused.__name__}: ")
+                continue
             key = (d.subject, d.reference)
             tries = previous.get(key, 0)
             result.asked[key] += 1
@@ -394,7 +439,8 @@ class Reconciler:
                         reason="a webhook was lost; state recovered through the API")
             if self._observer:
                 self._observer.recovered(subject, 1)
-        result.checked += len(due)
+        result.checked += len(due) - unanswered
+        result.left_due += unanswered
 
     @staticmethod
     async def _spelled_elsewhere(conn: store.Connection, due: Sequence[store.Due],

@@ -161,7 +161,9 @@ class ReconcileScheduler:
                 self._metrics.passes.labels(outcome="failed").inc()
             return None
         if self._metrics:
-            self._metrics.passes.labels(outcome="skipped" if result.skipped else "ran").inc()
+            # a pass that stopped at a refused API key is no pass that ran through
+            outcome = "skipped" if result.skipped else (result.stopped or "ran")
+            self._metrics.passes.labels(outcome=outcome).inc()
             for error, count in result.errors.items():
                 self._metrics.lookup_errors.labels(error=error).inc(count)
             if not result.skipped:
