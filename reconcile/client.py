@@ -9,13 +9,13 @@ connection errors, 5xx, 429 (honouring ``Retry-After``, capped) and malformed en
 at most ``concurrency`` requests in flight. A 429 pauses the whole client, not only the
 lookup it answered: the provider limits the caller, and lookups that went on asking
 meanwhile would only be refused in turn and use up their attempts. A refused API key (401
-or 403 whatever the body, or an envelope code of the authentication service, 4xxxx, whatever
-the status) is error ``key_refused``, never retried, and lookups that share a ``stop`` event
-ask nothing more once one of them meets it (error ``stopped``): a key the provider refuses
-is refused on every lookup, and each one more asked with it is only one more refusal (a
-provider may lock the key out after enough of them). The API key goes in
-the ``apiToken`` header and nowhere else: errors name the reference and the HTTP status,
-never headers, and a provider's words kept in a lookup have the key masked.
+whatever the body, a 403 without the API's envelope, or an envelope code of the
+authentication service, 4xxxx, whatever the status) is error ``key_refused``, never retried,
+and lookups that share a ``stop`` event ask nothing more once one of them meets it (error
+``stopped``): a key the provider refuses is refused on every lookup, and each one more asked
+with it is only one more refusal (a provider may lock the key out after enough of them). The
+API key goes in the ``apiToken`` header and nowhere else: errors name the reference and the
+HTTP status, never headers, and a provider's words kept in a lookup have the key masked.
 """
 
 from __future__ import annotations
@@ -54,9 +54,10 @@ MAX_RETRY_AFTER_S = 30.0
 # huge or endless answer (or a gzip bomb) held a pass's memory, with up to ``concurrency``
 # of them at once, inside ``serve``
 MAX_ANSWER_BYTES = 1024 * 1024
-# answers refusing who asks, not what is asked (ingest.chat_media reads the chat API's
-# alike): a wrong, revoked or expired key. The API's HTTP statuses are not in the spec, so
-# a refused key may come as a 200 or 400 carrying 40101 as well as a 401
+# answers refusing who asks, not what is asked: a wrong, revoked or expired key. The API's
+# HTTP statuses are not in the spec, so a refused key may come as a 200 or 400 carrying
+# 40101 as well as a 401. A 403 counts without the API's envelope (a gateway's page); in
+# it, only with the authentication service's code (another is about the request)
 KEY_REFUSED_STATUSES = frozenset({401, 403})
 AUTHENTICATION_CODES = range(40000, 50000)  # the spec's 4xxxx
 KEY_REFUSED = "key_refused"  # a lookup's error: the provider refused the API key
@@ -340,9 +341,10 @@ class ReferenceClient:
             # provider saying it has no such payment: "unknown at the provider" would tell
             # someone to charge a customer again
             raise _Retryable("malformed_envelope", f"HTTP {status}: {exc}") from exc
-        if status in KEY_REFUSED_STATUSES or (
-                not envelope.success and envelope.code in AUTHENTICATION_CODES):
+        if status == 401 or (not envelope.success and envelope.code in AUTHENTICATION_CODES):
             raise ApiKeyRefused(f"HTTP {status}, API code {envelope.code}")
+        # a 403 in the API's envelope with another service's code refuses this request (a
+        # reference of another merchant, say), not the key: a refusal of that one subject
         if not envelope.success and (envelope.code == 1404 or (
                 status == 404 and 1000 <= envelope.code <= 1999)):
             return Lookup(reference, "not_found", detail=envelope.message,

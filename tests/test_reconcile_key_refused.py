@@ -1,5 +1,6 @@
-"""A pass whose API key the provider refuses (401, 403, or an authentication code 4xxxx)
-stops asking at once: the subjects not answered stay due, unmarked, for the next pass."""
+"""A pass whose API key the provider refuses (401, a 403 without the envelope, or an
+authentication code 4xxxx) stops asking at once: the subjects not answered stay due,
+unmarked, for the next pass."""
 
 from __future__ import annotations
 
@@ -150,7 +151,7 @@ def refusing_app(status: int, content: bytes, media_type: str) -> Starlette:
 @pytest.mark.parametrize(("status", "content", "media_type"), [
     (401, b'{"success": false, "code": 40101, "message": "invalid apiToken", "data": {}}',
      "application/json"),
-    (403, b'{"success": false, "code": 1403, "message": "forbidden", "data": {}}',
+    (403, b'{"success": false, "code": 40301, "message": "forbidden", "data": {}}',
      "application/json"),
     # a gateway's own page: no envelope, but the status says who was refused
     (401, b"<html><body>401 Authorization Required</body></html>", "text/html"),
@@ -289,3 +290,19 @@ def test_a_scheduled_pass_with_a_refused_key_shows_so_in_the_metrics(db_url: str
     assert sample("hookledger_reconcile_last_pass_timestamp_seconds") is not None
     assert marked(db_url) == []
 
+
+
+def test_a_403_about_the_request_in_the_apis_envelope_is_that_subjects_refusal() -> None:
+    """A 403 carrying the payments API's own code (a reference the merchant may not read)
+    refuses that request, not the key: taken for a refused key, it stopped every pass at
+    that one subject, which stayed due and was asked first again each time."""
+    content = b'{"success": false, "code": 1403, "message": "not yours", "data": {}}'
+
+    async def go(url: str) -> tuple[Lookup, int]:
+        async with ReferenceClient(url, API_KEY, max_attempts=4, backoff_base_s=0.01,
+                                   backoff_cap_s=0.02, seed=1) as client:
+            return await client.lookup("OTHER-1"), client.requests
+
+    with serve_asgi(refusing_app(403, content, "application/json")) as url:
+        lookup, requests = asyncio.run(go(url))
+    assert (lookup.kind, lookup.error, requests) == ("error", "refused", 1)
