@@ -7,7 +7,7 @@ A configured ``HOOKLEDGER_DATABASE_URL`` wins; without one, the embedded server 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from urllib.parse import unquote, urlencode
 
 import psycopg
@@ -79,12 +79,22 @@ def speaking_utf8(url: str) -> str:
 
 def _with_defaults(url: str, defaults: dict[str, str]) -> str:
     """``url`` with each of libpq's ``defaults`` it does not set itself, as query
-    parameters (a user's own choice in the URL always wins)."""
+    parameters (a user's own choice in the URL always wins).
+
+    Joined with ``&`` only when libpq then reads them as parameters beside the URL's own:
+    a ``?`` may stand unescaped in the password (libpq and SQLAlchemy read everything to
+    the ``@`` as the user's), and taken for the start of a query it ran the parameters on
+    into the database's name. A URL neither reads as meant is left as it is."""
     given = conninfo_to_dict(url)
     missing = {name: value for name, value in defaults.items() if name not in given}
     if not missing:
         return url
-    return url + ("&" if "?" in url else "?") + urlencode(missing)
+    for joiner in ("&", "?"):
+        candidate = url + joiner + urlencode(missing)
+        with suppress(psycopg.ProgrammingError):
+            if conninfo_to_dict(candidate) == {**given, **missing}:
+                return candidate
+    return url
 
 
 def sqlalchemy_url(url: str) -> str:

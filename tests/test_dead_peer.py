@@ -66,3 +66,25 @@ def test_migrations_take_the_url_with_its_settings(relay: TcpRelay, tmp_path: Pa
         upgrade(url)
         with psycopg.connect(url) as conn:
             assert conn.execute("SELECT count(*) FROM hookledger.ledger").fetchone() == (0,)
+
+
+def test_a_password_with_a_question_mark_keeps_its_database(
+        db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """libpq (and SQLAlchemy) read a ``?`` before the host as part of the password, and the
+    README asks only ``%`` and ``@`` to be escaped: the added settings begin the URL's
+    query, never run on into the database's name (it was ``test&client_encoding=...``, a
+    database that does not exist, so every command failed after the upgrade)."""
+    scheme, rest = db_url.split("://", 1)
+    user, host = rest.split("@", 1)
+    url = f"{scheme}://{user.split(':', 1)[0]}:pass?word@{host}"
+    given = conninfo_to_dict(url)
+    assert given["password"] == "pass?word"  # as libpq reads it, before anything is added
+    monkeypatch.setenv("HOOKLEDGER_DATABASE_URL", url)
+    monkeypatch.setenv("HOOKLEDGER_HOME", str(tmp_path))
+    with database(load_settings()) as configured:
+        read = conninfo_to_dict(configured)
+        assert (read["password"], read["dbname"], read["keepalives"],
+                read["client_encoding"]) == ("pass?word", given["dbname"], "1", "UTF8")
+        upgrade(configured)  # SQLAlchemy reads the same URL
+        with psycopg.connect(configured) as conn:
+            assert conn.execute("SELECT current_database()").fetchone() == (given["dbname"],)
