@@ -234,12 +234,15 @@ async def _scheduled_pass_began(conn: store.Connection,
     one every process shares), or None, this one's beginning then marked. Called under the
     pass lock. Every process's scheduler fires a pass each interval, and the lock alone only
     kept them from running at once: N processes ran up to N passes an interval, asking the
-    provider's API up to N times as fast as one."""
+    provider's API up to N times as fast as one. A mark ahead of the clock (a failover to a
+    server whose clock is behind, a clock stepped back) counts as no mark: it held every
+    scheduled pass back until the clock caught up with it."""
     cur = await conn.execute(
         "INSERT INTO hookledger_private.reconcile_schedule AS s (job, began_at) "
         "VALUES ('pass', clock_timestamp()) ON CONFLICT (job) DO UPDATE "
         "SET began_at = EXCLUDED.began_at "
-        "WHERE s.began_at <= EXCLUDED.began_at - %s RETURNING 1", (at_most_every,))
+        "WHERE s.began_at <= EXCLUDED.began_at - %s OR s.began_at > EXCLUDED.began_at "
+        "RETURNING 1", (at_most_every,))
     if await cur.fetchone() is not None:
         return None
     cur = await conn.execute("SELECT began_at FROM hookledger_private.reconcile_schedule "

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 from prometheus_client import CollectorRegistry
 
 from reconcile.client import ReferenceClient
@@ -260,3 +261,29 @@ def test_a_pass_outlasting_its_interval_is_said_once_an_interval_not_warned(
     assert 0 < still[-1]["running_s"] < 10
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING
                 and "running instances" in r.getMessage()]
+
+
+def test_a_mark_ahead_of_the_databases_clock_holds_no_scheduled_pass_back(
+        db_url: str) -> None:
+    """The last scheduled pass's beginning, as the database's clock had it: after a
+    failover to a server whose clock is an hour behind, every scheduled pass was skipped
+    for that hour, as if another process had just run it."""
+    expect(db_url, "AHEAD-1", "collection", 500)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO hookledger_private.reconcile_schedule (job, began_at) "
+                     "VALUES ('pass', clock_timestamp() + interval '1 hour')")
+
+    async def go(api_url: str) -> PassResult | None:
+        client = ReferenceClient(api_url, API_KEY, timeout_s=2)
+        try:
+            return await ReconcileScheduler(Reconciler(db_url, client), client,
+                                            interval_s=60, database_url=db_url).run_once()
+        finally:
+            await client.aclose()
+
+    with running_sandbox(state=CountingState()) as api:
+        result = asyncio.run(go(api.url))
+    assert result is not None and not result.skipped and result.checked == 1
+    [(began,)] = rows(db_url, "SELECT began_at - clock_timestamp() "
+                              "FROM hookledger_private.reconcile_schedule")
+    assert began.total_seconds() <= 0  # the mark is this pass's now
