@@ -332,9 +332,14 @@ class EmbeddedPostgres:
         folder this user may not search (a home made by root keeps it closed to all but
         the server's user) is an :class:`EmbeddedPostgresError` naming it, as
         :meth:`start`'s are: ``hookledger db url`` stopped with a PermissionError
-        traceback."""
+        traceback. ``os.stat``, not ``Path.exists``, whose handling of a folder it may
+        not search is not the same in every Python (``os.path.exists`` answers False),
+        and a False read as "not running"."""
         try:
-            return (self.socket_dir / _SOCKET_FILE).exists()
+            os.stat(self.socket_dir / _SOCKET_FILE)
+            return True
+        except FileNotFoundError:
+            return False
         except OSError as exc:
             owner = ""
             with contextlib.suppress(OSError):
