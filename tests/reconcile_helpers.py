@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import Counter
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
@@ -15,9 +15,13 @@ from ledger import LedgerStore, NewEvent
 from projections.projector import project_batch
 from reconcile.client import ReferenceClient
 from reconcile.runner import PassConfig, PassResult, Reconciler
+from reconcile.scheduler import ReconcileScheduler
 from sandbox.state import SandboxState
 from tests.general_events import general_body
 from tests.projection_events import kept_event
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 API_KEY = "sandbox-api-key"
 
@@ -86,3 +90,27 @@ def reconcile(url: str, api: str, *, timeout_s: float = 2.0, max_attempts: int =
 def rows(url: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
     with psycopg.connect(url, autocommit=True) as conn:
         return conn.execute(sql, params).fetchall()
+
+
+async def scheduled_pass_counted(url: str, client: ReferenceClient,
+                                 registry: CollectorRegistry) -> None:
+    """One scheduled pass with ``client``, its metrics in ``registry``; the scheduler shut
+    down after it."""
+    from reconcile.metrics import ReconcileMetrics
+
+    scheduler = ReconcileScheduler(Reconciler(url, client), client, interval_s=60,
+                                   database_url=url, metrics=ReconcileMetrics.create(registry))
+    await scheduler.run_once()
+    await scheduler.shutdown()
+
+
+def scheduler_firing_now(url: str, client: ReferenceClient, interval_s: float
+                         ) -> ReconcileScheduler:
+    """A started schedule whose first pass falls due at once (a running event loop)."""
+    scheduler = ReconcileScheduler(Reconciler(url, client), client, interval_s=interval_s,
+                                   database_url=url)
+    scheduler.start()
+    job = scheduler.scheduler.get_job("reconcile")
+    assert job is not None
+    job.modify(next_run_time=datetime.now(UTC))
+    return scheduler

@@ -20,12 +20,17 @@ from structlog.testing import capture_logs
 
 from hookledger.cli import main
 from reconcile.client import Lookup, ReferenceClient
-from reconcile.metrics import ReconcileMetrics
 from reconcile.runner import PassConfig, PassResult, Reconciler
-from reconcile.scheduler import ReconcileScheduler
 from sandbox.faults import FaultSettings
 from sandbox.runner import running_sandbox, serve_asgi
-from tests.reconcile_helpers import API_KEY, CountingState, body, expect, rows
+from tests.reconcile_helpers import (
+    API_KEY,
+    CountingState,
+    body,
+    expect,
+    rows,
+    scheduled_pass_counted,
+)
 
 WRONG_KEY = "wrong-api-key-0123456789"
 
@@ -270,11 +275,7 @@ def test_a_scheduled_pass_with_a_refused_key_shows_so_in_the_metrics(db_url: str
     async def go(api_url: str) -> None:
         client = ReferenceClient(api_url, WRONG_KEY, timeout_s=1, max_attempts=2,
                                  backoff_base_s=0.01, concurrency=1)
-        scheduler = ReconcileScheduler(Reconciler(db_url, client), client, interval_s=60,
-                                       database_url=db_url,
-                                       metrics=ReconcileMetrics.create(registry))
-        await scheduler.run_once()
-        await scheduler.shutdown()
+        await scheduled_pass_counted(db_url, client, registry)
 
     for n in range(4):
         expect(db_url, f"SCH-{n}", "collection", 5)

@@ -8,7 +8,6 @@ import json
 import logging
 import threading
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,16 @@ from reconcile.scheduler import ReconcileScheduler
 from sandbox.faults import FaultSettings
 from sandbox.runner import running_sandbox
 from tests.live import running_service
-from tests.reconcile_helpers import API_KEY, CountingState, body, deliver, expect, rows
+from tests.reconcile_helpers import (
+    API_KEY,
+    CountingState,
+    body,
+    deliver,
+    expect,
+    rows,
+    scheduled_pass_counted,
+    scheduler_firing_now,
+)
 
 TOKEN = "admin-token-for-scheduler-tests"
 
@@ -119,18 +127,13 @@ def test_a_provider_that_answers_nothing_shows_in_the_metrics(db_url: str) -> No
     the time of the last pass that ran shows a process whose passes stopped."""
     from prometheus_client import CollectorRegistry
 
-    from reconcile.metrics import ReconcileMetrics
 
     registry = CollectorRegistry()
 
     async def go(api_url: str) -> None:
         client = ReferenceClient(api_url, API_KEY, timeout_s=0.5, max_attempts=1,
                                  backoff_base_s=0.01)
-        scheduler = ReconcileScheduler(Reconciler(db_url, client), client, interval_s=60,
-                                       database_url=db_url,
-                                       metrics=ReconcileMetrics.create(registry))
-        await scheduler.run_once()
-        await scheduler.shutdown()
+        await scheduled_pass_counted(db_url, client, registry)
 
     for n in range(3):
         expect(db_url, f"DOWN-{n}", "collection", 5)
@@ -162,12 +165,7 @@ def test_stopping_mid_pass_ends_the_pass_quietly_and_lets_go_of_its_session(
 
     async def go(api_url: str) -> tuple[list[asyncio.Task[Any]], int]:
         client = ReferenceClient(api_url, API_KEY, timeout_s=30, max_attempts=1)
-        scheduler = ReconcileScheduler(Reconciler(db_url, client), client, interval_s=3600,
-                                       database_url=db_url)
-        scheduler.start()
-        job = scheduler.scheduler.get_job("reconcile")
-        assert job is not None
-        job.modify(next_run_time=datetime.now(UTC))
+        scheduler = scheduler_firing_now(db_url, client, interval_s=3600)
         deadline = time.monotonic() + 20
         while not held() and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
@@ -242,12 +240,7 @@ def test_a_pass_outlasting_its_interval_is_said_once_an_interval_not_warned(
 
     async def go(api_url: str) -> None:
         client = ReferenceClient(api_url, API_KEY, timeout_s=30, max_attempts=1)
-        scheduler = ReconcileScheduler(Reconciler(db_url, client), client, interval_s=1,
-                                       database_url=db_url)
-        scheduler.start()
-        job = scheduler.scheduler.get_job("reconcile")
-        assert job is not None
-        job.modify(next_run_time=datetime.now(UTC))
+        scheduler = scheduler_firing_now(db_url, client, interval_s=1)
         await asyncio.sleep(3.5)  # the pass waits on the provider; two more fall due
         await scheduler.shutdown()
 
