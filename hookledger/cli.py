@@ -106,6 +106,11 @@ def configure_logging(settings: Settings, *, warn: bool = True) -> None:
     if warn and (short := settings.secrets_shorter_than(MIN_MASKED)):
         # a last-line masking of so short a string would mangle every line; say so instead
         log.warning("secrets.too_short_to_mask", where=short, shortest_masked=MIN_MASKED)
+    if warn and (host := settings.api_key_in_the_clear()):
+        log.warning("settings.api_key_in_the_clear", host=host,
+                    reason="HOOKLEDGER_API_BASE_URL is http:// to another machine: the API "
+                           "key crosses the network unencrypted in every request; use "
+                           "https:// unless that network is yours alone")
 
 
 def _exit_on_signal(signum: int, _frame: object) -> None:

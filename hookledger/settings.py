@@ -24,6 +24,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from ingest.hosts import is_loopback_host
+
 MAX_GENERAL_WEBHOOKS = 3  # the provider allows up to three callback URLs
 # the longest time a duration setting may name, ten years: a "never" such as 99999999999
 # overflowed the date arithmetic it feeds, after start-up, with no word of the variable
@@ -366,6 +368,16 @@ class Settings(BaseSettings):
     def secret_values(self) -> list[str]:
         """Every secret this process was given: what logs and refusals must never show."""
         return [value for _, value in self._secrets_by_place()]
+
+    def api_key_in_the_clear(self) -> str | None:
+        """The host an API key is sent to over plain ``http://`` off this machine, or None:
+        anyone on the path reads the key (the chat webhook URL is held to https for the
+        same reason). Warned of, not refused: an internal network may be trusted."""
+        if self.api_key is None or self.api_base_url is None:
+            return None
+        parts = urlsplit(self.api_base_url)
+        host = parts.hostname or ""
+        return host if parts.scheme == "http" and not is_loopback_host(host) else None
 
     def secrets_shorter_than(self, length: int) -> list[str]:
         """Where each configured secret shorter than ``length`` is set, never the secret:

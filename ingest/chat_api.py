@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ import httpx
 
 from ingest.bounded_read import ACCEPT_ENCODING, read_at_most
 from ingest.errors import BodyError, IngestError
+from ingest.hosts import is_loopback_host
 from ingest.json_body import object_of_distinct_keys
 from ledger.jsonenc import jsonb_safe
 
@@ -317,15 +317,6 @@ class ChatApi:
         return Media(content, content_type.split(";")[0].strip()[:100])
 
 
-def _is_loopback_address(host: str) -> bool:
-    """An IP address on the loopback network: ``127.0.0.2`` is, a name that merely starts
-    with ``127.`` (``127.example.com``, ``127.0.0.1.nip.io``) is not."""
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 def webhook_url_problem(url: str) -> str | None:
     """Why ``url`` cannot be a chat webhook URL, or None. Pure.
 
@@ -339,8 +330,7 @@ def webhook_url_problem(url: str) -> str | None:
         return "not a valid URL"
     if not parsed.host:
         return "not an absolute URL"
-    host = parsed.host.lower()
-    loopback = host == "localhost" or _is_loopback_address(host)
+    loopback = is_loopback_host(parsed.host)
     if parsed.scheme == "https":
         return None
     if parsed.scheme == "http" and loopback:

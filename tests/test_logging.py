@@ -178,6 +178,36 @@ def test_long_enough_secrets_start_without_a_warning(capsys: pytest.CaptureFixtu
     assert "secrets.too_short_to_mask" not in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("base_url", "warned_of"), [
+    ("http://api.example.com", "api.example.com"),
+    ("http://10.0.0.7:8090", "10.0.0.7"),
+    ("https://api.example.com", None),
+    ("http://127.0.0.1:8090", None),
+    ("http://localhost:8090", None),
+    ("http://[::1]:8090", None),
+    ("http://127.0.0.1.nip.io", "127.0.0.1.nip.io"),
+])
+def test_an_api_key_sent_in_the_clear_is_warned_of_at_start(
+        capsys: pytest.CaptureFixture[str], base_url: str, warned_of: str | None) -> None:
+    """An ``http://`` reference API on another machine took the API key across the network
+    unencrypted in every request, without a word (the chat webhook URL is held to https
+    but on loopback)."""
+    from hookledger.cli import configure_logging
+    from hookledger.settings import Settings
+
+    settings = Settings(api_base_url=base_url, api_key="an-api-key-of-some-length",
+                        log_format="json")
+    try:
+        configure_logging(settings)
+    finally:
+        structlog.reset_defaults()
+    err = capsys.readouterr().err
+    warned = [line for line in map(json.loads, filter(None, err.splitlines()))
+              if line["event"] == "settings.api_key_in_the_clear"]
+    assert [line["host"] for line in warned] == ([warned_of] if warned_of else [])
+    assert "an-api-key-of-some-length" not in err
+
+
 class _ReaderGone:
     """Standard error whose reader goes away once ``gone`` is set (journald restarted, the
     other end of a pipe closed, the log file's disk full): every write then fails."""
