@@ -9,11 +9,12 @@ is taken in chunks; each chunk's results commit in one transaction together with
 subject is asked twice in one pass unless its row changed while the pass asked about it.
 ``max_subjects`` and ``rate_per_s`` pace a backlog.
 
-A pass stops asking at the first lookup whose API key the provider refuses (401, 403, an
-authentication code: :data:`~reconcile.client.KEY_REFUSED`): lookups already sent finish
-and are kept, none starts after it, and the subjects left unanswered (the refused ones too)
-stay due, unmarked, for the next pass. Asked on, each was one more refusal of the key, and
-each was put into backoff, so that once the key was put right they waited it out.
+A pass stops asking at the first lookup whose API key the provider refuses (a 401, a 403
+without the API's envelope, an authentication code: :data:`~reconcile.client.KEY_REFUSED`):
+lookups already sent finish and are kept, none starts after it, and the subjects left
+unanswered (the refused ones too) stay due, unmarked, for the next pass. Asked on, each was
+one more refusal of the key, and each was put into backoff, so that once the key was put
+right they waited it out.
 """
 
 from __future__ import annotations
