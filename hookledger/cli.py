@@ -194,8 +194,9 @@ def _migrate_and_check(url: str) -> None:
     synchronous_commit the durability of an acknowledged delivery behind a pooler
     (:mod:`hookledger.isolation`), then apply migrations: what every long-running command
     and ``migrate`` do first. The command goes on all the same, and a check that cannot be
-    made is no reason to stop either. The checks come first (they read nothing migrations
-    make): after the migrations, one that failed hid them."""
+    made is no reason to stop either (a database that cannot be reached is). The checks
+    come first (they read nothing migrations make): after the migrations, one that failed
+    hid them."""
     _warn_of_database_settings(url)
     migrate.upgrade(url)
 
@@ -209,8 +210,10 @@ def _warn_of_database_settings(url: str) -> None:
 
     # the checks on one new session: a start-up connection, not one per check. A database
     # that cannot be reached is the command's end, named as the migrations' own attempt
-    # would name it (they would only wait out the same timeout again)
-    with psycopg.connect(url, connect_timeout=10) as conn:
+    # would name it. It waits for that session as they would (the URL's connect_timeout,
+    # else libpq's): a bound of its own ended a command whose server takes longer to take
+    # a session (one resuming from a pause), which the migrations would have waited for
+    with psycopg.connect(url) as conn:
         try:
             concerns = [("database.collation_not_c", database_collation_concern(conn)),
                         ("database.encoding_not_utf8", database_encoding_concern(conn)),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import tempfile
 import threading
+import time
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -84,9 +85,12 @@ class SocketRelay:
 
 class TcpRelay:
     """A TCP listener on the loopback passing bytes to and from the test server (on its
-    Unix socket or its own TCP port): what a client's socket options are read on."""
+    Unix socket or its own TCP port): what a client's socket options are read on.
+    ``first_answer_after_s``: the first connection is passed on only that long after it is
+    made (a server slow to take its first session, as one resuming from a pause is)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, first_answer_after_s: float = 0) -> None:
+        self._first_delay_s = first_answer_after_s
         params = conninfo_to_dict(url)
         host = str(params.get("host") or "/var/run/postgresql")
         port = int(params.get("port") or 5432)
@@ -108,11 +112,16 @@ class TcpRelay:
                 client, _ = self._listener.accept()
             except OSError:
                 return
-            server = socket.socket(self._upstream[0], socket.SOCK_STREAM)
-            server.connect(self._upstream[1])
-            self._open += [client, server]
-            for source, target in ((client, server), (server, client)):
-                threading.Thread(target=_pass_on, args=(source, target), daemon=True).start()
+            delay, self._first_delay_s = self._first_delay_s, 0
+            threading.Thread(target=self._connect, args=(client, delay), daemon=True).start()
+
+    def _connect(self, client: socket.socket, delay_s: float) -> None:
+        time.sleep(delay_s)
+        server = socket.socket(self._upstream[0], socket.SOCK_STREAM)
+        server.connect(self._upstream[1])
+        self._open += [client, server]
+        for source, target in ((client, server), (server, client)):
+            threading.Thread(target=_pass_on, args=(source, target), daemon=True).start()
 
     def close(self) -> None:
         self._listener.close()

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from hookledger.cli import main
 from hookledger.collation import collation_concern, database_collation_concern
 from tests.dbutil import create_database, drop_database, unique_name, with_database
+from tests.relay import TcpRelay
 
 
 @pytest.mark.parametrize(("collate", "provider", "locale", "concern"), [
@@ -132,3 +133,20 @@ def make_conninfo_url(url: str, user: str) -> str:
     host = parts.netloc.rsplit("@", 1)[-1]
     return urlunsplit((parts.scheme, f"{user}@{host}", parts.path, parts.query,
                        parts.fragment))
+
+
+def test_a_server_slow_to_take_the_first_session_is_still_migrated(
+        db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The settings' check, first since it comes before the migrations, gave the server 10 s
+    to take its session whatever the URL said, and a session it could not open ended the
+    command: a server that takes longer (one resuming from a pause) was migrated before, and
+    the check then skipped; ``migrate`` and ``serve`` failed on it after the upgrade."""
+    relay = TcpRelay(db_url, first_answer_after_s=11)
+    try:
+        monkeypatch.setenv("HOOKLEDGER_DATABASE_URL", relay.postgresql_url)
+        monkeypatch.setenv("HOOKLEDGER_HOME", str(tmp_path))
+        result = CliRunner().invoke(main, ["migrate"])
+    finally:
+        relay.close()
+    assert result.exit_code == 0, result.output
+    assert "migrations applied" in result.output
