@@ -338,7 +338,7 @@ class EmbeddedPostgres:
         try:
             os.stat(self.socket_dir / _SOCKET_FILE)
             return True
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # no such folder: no server there
             return False
         except OSError as exc:
             owner = ""

@@ -68,9 +68,10 @@ def reconcile_command() -> None:
     if result.skipped:  # nothing was checked: a script must not take it for "all clear"
         sys.exit(SKIPPED_EXIT)
     if result.stopped == KEY_REFUSED:
-        click.echo("hookledger: the provider refused the API key; the pass stopped asking "
-                   f"and left {result.left_due} subject(s) due for the next pass (check "
-                   "HOOKLEDGER_API_KEY)", err=True)
+        click.echo("hookledger: the provider refused the API key; the pass stopped asking, "
+                   f"{result.left_due} subject(s) it had picked unanswered (they and every "
+                   "other subject due wait for the next pass; check HOOKLEDGER_API_KEY)",
+                   err=True)
         sys.exit(KEY_REFUSED_EXIT)
     if result.checked and result.results.get("error", 0) == result.checked:
         click.echo("hookledger: every lookup failed; nothing was learned (the errors are "

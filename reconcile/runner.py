@@ -185,7 +185,8 @@ class PassResult:
                  + (", ".join(f"{k} {n}" for k, n in sorted(self.results.items())) or "none")]
         if self.stopped == KEY_REFUSED:
             lines.append(f"  stopped: the provider refused the API key ({self.stopped_by}); "
-                         f"{self.left_due} subject(s) not answered stay due for the next pass")
+                         f"{self.left_due} subject(s) it had picked stay due unanswered, as "
+                         "does every subject it had not reached")
         for d in self.detected:
             # in digits: a provider's amount is kept as it spelled it, 1E+3 perhaps
             risk = "-" if d["amount_at_risk"] is None else format(d["amount_at_risk"], "f")
