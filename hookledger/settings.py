@@ -320,15 +320,25 @@ class Settings(BaseSettings):
         from psycopg import ProgrammingError
         from psycopg.conninfo import conninfo_to_dict
 
+        rest = value.split("://", 1)[1]
+        # libpq ends the host part at the first "/": one in the user name or password (a
+        # generated password may well hold one) made the rest of it the database's name
+        # and the password's start the port, words a connection error then repeats. A
+        # database name with an "@" and no user before it reads the same way, and is
+        # refused with it (write its "@" as %40)
+        head = rest.split("?", 1)[0]
+        unreadable = "@" in head and "/" in head.split("@", 1)[0]
         try:  # as libpq reads it (hookledger.database.libpq_url), without connecting
-            conninfo_to_dict("postgresql://" + value.split("://", 1)[1])
+            conninfo_to_dict("postgresql://" + rest)
         except ProgrammingError:
+            unreadable = True
+        if unreadable:
             # not libpq's message: it quotes the piece it cannot read, for a "%" not
             # written "%25" the whole password, which every command's traceback and every
             # line serve's pool and projector logged showed (SQLAlchemy, migrating first,
             # read the same URL without a word)
             raise ValueError("libpq cannot read it: in the user name or password, write "
-                             "a % as %25 and an @ as %40") from None
+                             "a % as %25, an @ as %40 and a / as %2F") from None
         return value
 
     @field_validator("api_base_url")

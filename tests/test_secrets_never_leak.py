@@ -143,3 +143,40 @@ def test_a_database_password_libpq_cannot_read_is_never_printed(
     assert "Traceback" not in result.stderr
     for piece in (DB_PASSWORD, "Sup3r"):
         assert piece not in result.stdout + result.stderr, result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("url", [
+    "postgresql://app:Sup3r/Secret-pw@db.example:5432/ledger",
+    "postgresql://app:12/Secret-pw@db.example/ledger",
+])
+def test_a_slash_in_the_database_password_is_refused_at_start(
+        url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """libpq ends the host part at the first ``/``: a password holding one (generated
+    passwords do) made its start the port and the rest the database's name, which a
+    connection error then repeats."""
+    from click.testing import CliRunner
+
+    from hookledger.cli import main
+
+    for name in [k for k in os.environ if k.startswith("HOOKLEDGER_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("HOOKLEDGER_DATABASE_URL", url)
+    monkeypatch.setenv("HOOKLEDGER_HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)  # no hookledger.toml
+    result = CliRunner().invoke(main, ["report", "--format", "csv"])
+    assert result.exit_code == 2, result.output
+    assert "HOOKLEDGER_DATABASE_URL" in result.output and "%2F" in result.output
+    for piece in ("Sup3r", "Secret-pw"):
+        assert piece not in result.output
+
+
+@pytest.mark.parametrize("url", [
+    "postgresql://app:Sup3r%2FSecret@db.example:5432/ledger",
+    "postgresql://app@db.example/ledger?application_name=a/b@c",
+    "postgresql:///ledger?host=/var/run/postgresql",
+    "postgresql://app@%2Fvar%2Frun%2Fpostgresql/ledger",
+])
+def test_urls_libpq_reads_as_written_are_taken(url: str) -> None:
+    from hookledger.settings import Settings
+
+    assert Settings(database_url=url).database_url == url
