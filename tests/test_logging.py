@@ -6,6 +6,7 @@ import json
 import logging
 import re
 from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import psycopg
@@ -16,6 +17,9 @@ from hookledger import logs
 from tests.general_events import encode, general_body
 from tests.live import running_service
 from tests.signing import general_header
+
+if TYPE_CHECKING:
+    from hookledger.settings import Settings
 
 SECRET = "whsec-must-never-be-logged-42"
 
@@ -145,21 +149,29 @@ def test_each_line_is_one_write_so_threads_cannot_split_it(
     assert all(call.endswith("\n") and call.count("\n") == 1 for call in stderr.calls)
 
 
-def test_a_secret_too_short_to_mask_is_named_at_start_and_never_shown(
-        capsys: pytest.CaptureFixture[str]) -> None:
+def _said_at_start(settings: Settings, capsys: pytest.CaptureFixture[str]
+                   ) -> tuple[str, list[dict[str, Any]]]:
+    """What a command's logging set-up wrote to standard error: the text, and its JSON lines
+    read."""
     from hookledger.cli import configure_logging
-    from hookledger.settings import Settings
 
-    settings = Settings(general_secrets="short=xyz,long=a-secret-long-enough",
-                        chat_secrets="2557000000=ab", api_key="k9", admin_token="t" * 32,
-                        log_format="json")
     try:
         configure_logging(settings)
     finally:
         structlog.reset_defaults()
     err = capsys.readouterr().err
-    warned = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
-    warned = [line for line in warned if line["event"] == "secrets.too_short_to_mask"]
+    return err, [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+
+
+def test_a_secret_too_short_to_mask_is_named_at_start_and_never_shown(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from hookledger.settings import Settings
+
+    settings = Settings(general_secrets="short=xyz,long=a-secret-long-enough",
+                        chat_secrets="2557000000=ab", api_key="k9", admin_token="t" * 32,
+                        log_format="json")
+    err, lines = _said_at_start(settings, capsys)
+    warned = [line for line in lines if line["event"] == "secrets.too_short_to_mask"]
     assert len(warned) == 1
     assert warned[0]["where"] == ["HOOKLEDGER_GENERAL_SECRETS short",
                                   "HOOKLEDGER_CHAT_SECRETS 2557000000", "HOOKLEDGER_API_KEY"]
@@ -167,15 +179,11 @@ def test_a_secret_too_short_to_mask_is_named_at_start_and_never_shown(
 
 
 def test_long_enough_secrets_start_without_a_warning(capsys: pytest.CaptureFixture[str]) -> None:
-    from hookledger.cli import configure_logging
     from hookledger.settings import Settings
 
     settings = Settings(general_secrets="main=abcd", api_key="an-api-key", log_format="json")
-    try:
-        configure_logging(settings)
-    finally:
-        structlog.reset_defaults()
-    assert "secrets.too_short_to_mask" not in capsys.readouterr().err
+    err, _ = _said_at_start(settings, capsys)
+    assert "secrets.too_short_to_mask" not in err
 
 
 @pytest.mark.parametrize(("base_url", "warned_of"), [
@@ -192,18 +200,12 @@ def test_an_api_key_sent_in_the_clear_is_warned_of_at_start(
     """An ``http://`` reference API on another machine took the API key across the network
     unencrypted in every request, without a word (the chat webhook URL is held to https
     but on loopback)."""
-    from hookledger.cli import configure_logging
     from hookledger.settings import Settings
 
     settings = Settings(api_base_url=base_url, api_key="an-api-key-of-some-length",
                         log_format="json")
-    try:
-        configure_logging(settings)
-    finally:
-        structlog.reset_defaults()
-    err = capsys.readouterr().err
-    warned = [line for line in map(json.loads, filter(None, err.splitlines()))
-              if line["event"] == "settings.api_key_in_the_clear"]
+    err, lines = _said_at_start(settings, capsys)
+    warned = [line for line in lines if line["event"] == "settings.api_key_in_the_clear"]
     assert [line["host"] for line in warned] == ([warned_of] if warned_of else [])
     assert "an-api-key-of-some-length" not in err
 
