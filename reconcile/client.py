@@ -182,6 +182,12 @@ def path_segment(reference: str) -> str:
     return segment.replace(".", "%2E") if segment in (".", "..") else segment
 
 
+async def sleep_unless(stop: asyncio.Event, seconds: float) -> None:
+    """``asyncio.sleep``, cut short once ``stop`` is set (a pass's refused key)."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)
+
+
 class ReferenceClient:
     """Async client for the reference API; use as ``async with ReferenceClient(...)``."""
 
@@ -227,21 +233,21 @@ class ReferenceClient:
         refused, and from then on none of them sends a request (a first one, or a retry),
         nor waits out a pause or backoff any longer: each ends as error ``stopped``. Those
         already sent finish."""
-        lookup = await self._lookup(reference, stop)
+        lookup = await self._lookup(reference, asyncio.Event() if stop is None else stop)
         detail = masked(lookup.detail, self._key)
         return lookup if detail == lookup.detail else replace(lookup, detail=detail)
 
-    async def _lookup(self, reference: str, stop: asyncio.Event | None) -> Lookup:
+    async def _lookup(self, reference: str, stop: asyncio.Event) -> Lookup:
         started = time.perf_counter()
         attempt = 0
         while True:
             attempt += 1
             try:
-                if stop is not None and stop.is_set():
+                if stop.is_set():
                     return self._stopped(reference, attempt, started)
                 async with self._semaphore:
                     await self._paced(stop)
-                    if stop is not None and stop.is_set():  # set while this one waited
+                    if stop.is_set():  # set while this one waited
                         return self._stopped(reference, attempt, started)
                     return self._finish(await self._once(reference), attempt, started)
             except _Retryable as retry:
@@ -258,12 +264,11 @@ class ReferenceClient:
                                   detail=f"{error.__name__}: {retry.detail}",
                                   api_code=retry.api_code, attempts=attempt,
                                   seconds=time.perf_counter() - started)
-                await self._sleep(delay, stop)
+                await sleep_unless(stop, delay)
             except (ApiRefused, MappingError) as exc:
                 if isinstance(exc, ApiKeyRefused):
                     reason = KEY_REFUSED
-                    if stop is not None:
-                        stop.set()  # before any other lookup's next step: none starts now
+                    stop.set()  # before any other lookup's next step: none starts now
                 else:
                     reason = "refused" if isinstance(exc, ApiRefused) else "mapping"
                 return Lookup(reference, "error", error=reason,
@@ -276,25 +281,16 @@ class ReferenceClient:
                       detail="not asked: another lookup had the API key refused",
                       attempts=attempt - 1, seconds=time.perf_counter() - started)
 
-    @staticmethod
-    async def _sleep(seconds: float, stop: asyncio.Event | None) -> None:
-        """``asyncio.sleep``, cut short once ``stop`` is set."""
-        if stop is None:
-            await asyncio.sleep(seconds)
-            return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), seconds)
-
-    async def _paced(self, stop: asyncio.Event | None) -> None:
+    async def _paced(self, stop: asyncio.Event) -> None:
         """Wait out the latest 429's pause (another lookup may lengthen it meanwhile), then
         a moment more of one's own, so that the waiting lookups do not all ask at once."""
         paused = False
         while (wait := self._resume_at - time.monotonic()) > 0 \
-                and not (stop is not None and stop.is_set()):
+                and not stop.is_set():
             paused = True
-            await self._sleep(wait, stop)
+            await sleep_unless(stop, wait)
         if paused:
-            await self._sleep(self._rng.uniform(0.0, RESUME_SPREAD_S), stop)
+            await sleep_unless(stop, self._rng.uniform(0.0, RESUME_SPREAD_S))
 
     async def _get(self, path: str) -> tuple[httpx.Response, bytes]:
         """The answer and its body, read no further than :data:`MAX_ANSWER_BYTES`."""

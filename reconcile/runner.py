@@ -20,7 +20,6 @@ right they waited it out.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import time
 import uuid
@@ -48,7 +47,7 @@ from projections.projector import catch_up, ready_for_folding
 from reconcile import store
 from reconcile.cancelled_invoices import judge_cancelled
 from reconcile.checks import Local, Verdict, decide, same_amounts, settle
-from reconcile.client import KEY_REFUSED, STOPPED, Lookup
+from reconcile.client import KEY_REFUSED, STOPPED, Lookup, sleep_unless
 from reconcile.errors import ApiKeyRefused
 from reconcile.findings import (
     checked_event,
@@ -225,8 +224,7 @@ class _Pacer:
                 return
             now = time.monotonic()
             if self._next > now:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), self._next - now)
+                await sleep_unless(stop, self._next - now)
             self._next = max(self._next, now) + self._interval
 
 
