@@ -28,7 +28,7 @@ SKIPPED_EXIT = 3  # `reconcile` found another pass running and checked nothing
 # every subject it asked about was an API error: it learned nothing (a wrong base URL or
 # a provider that is down looks like this), and a script must not take it for "all clear"
 ALL_FAILED_EXIT = 4
-# the provider refused the API key (401, 403, an authentication code), and the pass stopped
+# the provider refused the API key (reconcile.client.KEY_REFUSED), and the pass stopped
 # asking there: told apart from 4, since a key is put right where an outage is waited out
 KEY_REFUSED_EXIT = 5
 
