@@ -630,11 +630,12 @@ def fold_invoice(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrep
         found.append(_code_contradiction("invoice", event, facts["event"],
                                          values["amount_paid"] or None, reference=number))
         state["conflicted"] = True
-    if cancelled_now and (held := values["amount_paid"]) is not None and held > 0:
+    # its own name: compiled (setup.py), a variable holds one type, and ``held`` is a mark
+    if cancelled_now and (received := values["amount_paid"]) is not None and received > 0:
         # the event's own word (cancelled, with this much received), not the row's, so the
         # findings are the same whatever order the events arrive in; money received after
         # the cancellation is the row's word, which the reconcile pass reads
-        found.append(cancelled_with_money(number, held))
+        found.append(cancelled_with_money(number, received))
     state["amount_due"] = _amount_due_now(state, marks)
     state["settled"] = state["amount_due"] is not None and state["amount_due"] == 0
     state["status"] = invoice_status(cancelled=state["cancelled"],
