@@ -45,12 +45,18 @@ def stale_files() -> list[str]:
     """The checkout's source files that its installed copy lacks or holds otherwise."""
     if _build_info() is None:
         return ["hookledger/build_info.py"]
+    return differing_files(ROOT, installed_copies())
+
+
+def differing_files(checkout: Path, copies: dict[str, Path]) -> list[str]:
+    """The source files of ``checkout``'s packages that differ from or are missing in
+    their copies (package name -> the folder it is installed in)."""
     differing = []
-    for name, where in installed_copies().items():
-        for source in sorted((ROOT / name).rglob("*")):
+    for name, where in copies.items():
+        for source in sorted((checkout / name).rglob("*")):
             if source.suffix not in (".py", ".sql", ".mako") or "__pycache__" in source.parts:
                 continue
-            relative = source.relative_to(ROOT / name)
+            relative = source.relative_to(checkout / name)
             copy = where / relative
             if not copy.is_file() or copy.read_bytes() != source.read_bytes():
                 differing.append(f"{name}/{relative}")
