@@ -12,7 +12,7 @@ Left as plain Python on purpose:
 
 * an editable install (``pip install -e .``): a module compiled next to its source would
   keep running after that source was edited, until the next build;
-* ``HOOKLEDGER_PURE_PYTHON=1`` at install time, for a platform where the compiled build
+* ``HOOKLEDGER_BUILD_PURE_PYTHON=1`` at install time, for a platform where the compiled build
   misbehaves or to compare the two;
 * any build where mypyc or a C compiler is missing or fails: a warning, then plain Python.
 """
@@ -68,7 +68,7 @@ class OptionalBuildExt(build_ext):
 
 
 def compiled_extensions() -> list[Any]:
-    if os.environ.get("HOOKLEDGER_PURE_PYTHON", "") not in ("", "0"):
+    if os.environ.get("HOOKLEDGER_BUILD_PURE_PYTHON", "") not in ("", "0"):
         return []
     try:
         from mypyc.build import mypycify

@@ -32,8 +32,8 @@ def test_the_build_under_test_compiled_every_listed_module() -> None:
     this, the suite would pass on plain Python while users ran something else."""
     if not installed_copies():
         pytest.skip("an editable install: the checkout itself, plain Python")
-    if os.environ.get("HOOKLEDGER_PURE_PYTHON", "") not in ("", "0"):
-        pytest.skip("installed with HOOKLEDGER_PURE_PYTHON")
+    if os.environ.get("HOOKLEDGER_BUILD_PURE_PYTHON", "") not in ("", "0"):
+        pytest.skip("installed with HOOKLEDGER_BUILD_PURE_PYTHON")
     assert compiled_modules() == listed_for_compiling()
 
 
@@ -69,7 +69,7 @@ def test_without_a_compiler_the_install_is_plain_python(tmp_path: Path) -> None:
             (source / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, source / name)
     env = {**os.environ, "CC": "false", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
-    env.pop("HOOKLEDGER_PURE_PYTHON", None)
+    env.pop("HOOKLEDGER_BUILD_PURE_PYTHON", None)
     built = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-v", "-w", str(tmp_path / "out"),
          str(source)], env=env, capture_output=True, text=True, timeout=600)
