@@ -4,7 +4,7 @@ The pure functions every delivery and every fold run through (reading a body, ch
 signature, folding an event into its row) are compiled with mypyc, from the same typed
 Python, when the package is built into an installation (``pip install .``). Compiled, they
 took ingest from 6,100-7,100 to 7,000-7,900 deliveries a second on the 2-core development
-machine (bench/PERFORMANCE.md, "Compiled with mypyc"). Nothing else changes: the same
+machine (the README's "Compiled modules"). Nothing else changes: the same
 source is the documentation, the tests run against the build as installed, and a machine
 that cannot compile gets the same modules as plain Python.
 
