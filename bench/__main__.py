@@ -80,10 +80,6 @@ def table(results: dict[str, Any]) -> list[Row]:
     if "wakeup" in ingest.get("machine", {}):  # the machine's wake-up cost (wakeup_probe.py)
         rows.append(("machine: one process waking another, round trip",
                      wakeup_described(ingest["machine"]["wakeup"]), "", ""))
-    if "compiled_modules" in ingest.get("machine", {}):  # mypyc or plain Python (setup.py)
-        compiled = ingest["machine"]["compiled_modules"]
-        rows.append(("hookledger's build", f"{len(compiled)} modules compiled (mypyc)"
-                     if compiled else "plain Python", "", ""))
     if "speed" in ingest.get("machine", {}):  # against the machine (speed_probe.py)
         rows.append(("machine: the issue's yardsticks",
                      speed_described(ingest["machine"]["speed"]), "", ""))

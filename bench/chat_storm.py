@@ -119,7 +119,7 @@ def _measure(url: str, home: Path, args: argparse.Namespace) -> dict[str, Any]:
            "HOOKLEDGER_HOME": str(home), "HOOKLEDGER_CHAT_SECRETS": f"{PHONE}={SECRET}",
            "HOOKLEDGER_LOG_LEVEL": "warning", "HOOKLEDGER_LOG_FORMAT": "json"}
     env.pop("HOOKLEDGER_API_BASE_URL", None)
-    proc = subprocess.Popen([sys.executable, "-P", "-m", "hookledger", "serve"], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "hookledger", "serve"], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         base = f"http://127.0.0.1:{port}"

@@ -21,7 +21,6 @@ import psycopg
 from bench.speed_probe import probe as speed_probe
 from bench.wakeup_probe import probe as wakeup_probe
 from hookledger import migrate
-from hookledger.build_info import compiled_modules
 from hookledger.embedded_postgres import EmbeddedPostgres
 
 RESULTS = Path(os.environ.get("HOOKLEDGER_BENCH_RESULTS")
@@ -41,10 +40,8 @@ def cpu_model() -> str:
 def machine() -> dict[str, Any]:
     """The machine's description, with how long it takes to wake a process on another core
     (bench/wakeup_probe.py), which moves every process's CPU per delivery from one machine
-    to the next, and how fast it runs the steps the issue timed (bench/speed_probe.py);
-    and which of hookledger's modules ran compiled (setup.py), which moves its own."""
-    return {"python": platform.python_version(), "compiled_modules": compiled_modules(),
-            "platform": platform.platform(),
+    to the next, and how fast it runs the steps the issue timed (bench/speed_probe.py)."""
+    return {"python": platform.python_version(), "platform": platform.platform(),
             "cpu": cpu_model(), "cpus": os.cpu_count(), "memory_gib": round(
                 os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
             "wakeup": wakeup_probe(), "speed": speed_probe()}

@@ -252,7 +252,7 @@ def bare_endpoint(url: str, port: int, workers: int = 2) -> Any:
 
 
 def hookledger(url: str, port: int, home: Path, extra: dict[str, str] | None = None) -> Any:
-    return process([sys.executable, "-P", "-m", "hookledger", "serve"],
+    return process([sys.executable, "-m", "hookledger", "serve"],
                    {"HOOKLEDGER_DATABASE_URL": url, "HOOKLEDGER_PORT": str(port),
                     "HOOKLEDGER_HOME": str(home), "HOOKLEDGER_GENERAL_SECRETS": f"main={SECRET}",
                     "HOOKLEDGER_LOG_LEVEL": "warning", **(extra or {})}, port)
@@ -401,7 +401,7 @@ def ready_seconds() -> float:
         env.update(HOOKLEDGER_HOME=home, HOOKLEDGER_PORT=str(port),
                    HOOKLEDGER_LOG_LEVEL="warning")
         started = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-P", "-m", "hookledger", "serve"], env=env,
+        proc = subprocess.Popen([sys.executable, "-m", "hookledger", "serve"], env=env,
                                 cwd=ROOT)
         try:
             while time.perf_counter() - started < 120:

@@ -94,7 +94,7 @@ async def lag(url: str, rate: int, seconds: float) -> dict[str, Any]:
     port = free_port()
     env = {**os.environ, "HOOKLEDGER_DATABASE_URL": url, "HOOKLEDGER_PORT": str(port),
            "HOOKLEDGER_GENERAL_SECRETS": f"main={SECRET}", "HOOKLEDGER_LOG_LEVEL": "warning"}
-    server = subprocess.Popen([sys.executable, "-P", "-m", "hookledger", "serve"], env=env)
+    server = subprocess.Popen([sys.executable, "-m", "hookledger", "serve"], env=env)
     total = int(rate * seconds)
     requests = []
     for i in range(total):

@@ -37,9 +37,8 @@ MAX_DURATION_S = 10 * 366 * 86400
 MAX_APPEND_WAIT_MS = 1000
 PREFIX = "HOOKLEDGER_"
 # variables under the prefix that are no setting: the test suite's and the benchmarks' own,
-# what ``serve`` hands its workers, and what setup.py reads when installing
-RESERVED_PREFIXES = ("HOOKLEDGER_TEST_", "HOOKLEDGER_BENCH_", "HOOKLEDGER_INTERNAL_",
-                     "HOOKLEDGER_BUILD_")
+# and what ``serve`` hands its workers
+RESERVED_PREFIXES = ("HOOKLEDGER_TEST_", "HOOKLEDGER_BENCH_", "HOOKLEDGER_INTERNAL_")
 
 
 def parse_named_secrets(raw: str | dict[str, Any] | None) -> dict[str, SecretStr]:

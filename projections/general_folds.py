@@ -630,7 +630,7 @@ def fold_invoice(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrep
         found.append(_code_contradiction("invoice", event, facts["event"],
                                          values["amount_paid"] or None, reference=number))
         state["conflicted"] = True
-    # its own name: compiled (setup.py), a variable holds one type, and ``held`` is a mark
+    # its own name: ``held`` above is a field's mark, this is money
     if cancelled_now and (received := values["amount_paid"]) is not None and received > 0:
         # the event's own word (cancelled, with this much received), not the row's, so the
         # findings are the same whatever order the events arrive in; money received after

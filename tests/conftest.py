@@ -24,7 +24,6 @@ from psycopg_pool import AsyncConnectionPool
 
 from hookledger import logs, migrate
 from hookledger.embedded_postgres import EmbeddedPostgres
-from tests import build_under_test
 from tests.dbutil import create_database, drop_database, unique_name, with_database
 
 FAST_TEST_SERVER = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
@@ -54,28 +53,11 @@ def pytest_configure(config: pytest.Config) -> None:
     (PANIC, ``Permission denied``, every later test an error). ``--basetemp`` still wins.
     And SIGTERM stops the run as Ctrl-C does."""
     _stop_the_run_on_sigterm()
-    _refuse_a_stale_build()
     if config.option.basetemp is None and not hasattr(config, "workerinput"):
         _forget_old_sessions(Path(tempfile.gettempdir()))
         folder = Path(tempfile.mkdtemp(prefix="hl-tests-"))
         config.option.basetemp = str(folder)
         config.stash[OWN_BASETEMP] = folder
-
-
-def _refuse_a_stale_build() -> None:
-    """The suite tests hookledger as installed (:mod:`tests.build_under_test`): an install
-    older than the checkout would be tested in the checkout's place."""
-    stale = build_under_test.stale_files()
-    if stale:
-        shown = ", ".join(stale[:5]) + (f" and {len(stale) - 5} more" if len(stale) > 5 else "")
-        raise pytest.UsageError(
-            f"the installed hookledger differs from this checkout ({shown}): install it "
-            f"again (.venv/bin/pip install '.[test]'), or install it editable "
-            f"(pip install -e '.[test]') to test the checkout itself as plain Python")
-
-
-def pytest_report_header() -> str:
-    return build_under_test.described()
 
 
 def _forget_old_sessions(parent: Path, older_than_s: float = 3 * 86400) -> None:

@@ -1,16 +1,10 @@
 """Coverage-guided fuzzing (atheris, libFuzzer) of both signature header parsers and both
 body normalisers. Any exception but each one's own refusal type is a crash.
 
-    python tests/fuzz_atheris.py [--source] -runs=50000 [-max_len=2048] CORPUS_DIR
+    python tests/fuzz_atheris.py -runs=50000 [-max_len=2048] CORPUS_DIR
     python tests/fuzz_atheris.py --write-seeds CORPUS_DIR
 
 ``tests/test_fuzz_atheris.py`` runs it in CI; on its own it takes libFuzzer's flags.
-
-atheris measures coverage on Python bytecode, and an installed build runs these modules
-compiled (setup.py), with none: ``--source`` fuzzes the checkout's plain source instead,
-guided by its coverage, and a run without it puts what that found through the installed
-build, where a compiled module can fail where its source does not (a value of another type
-than declared).
 """
 
 from __future__ import annotations
@@ -19,14 +13,9 @@ import hmac
 import json
 import sys
 from datetime import UTC, datetime
-from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import atheris
-
-if sys.argv[1:2] == ["--source"]:
-    del sys.argv[1]
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 with atheris.instrument_imports():
     from ingest import chat_signature, general_signature
@@ -111,6 +100,8 @@ def seeds() -> list[bytes]:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--write-seeds"]:
+        from pathlib import Path
+
         folder = Path(sys.argv[2])
         folder.mkdir(parents=True, exist_ok=True)
         for i, seed in enumerate(seeds()):

@@ -7,6 +7,7 @@ import importlib
 import os
 import re
 import subprocess
+import sys
 import uuid
 from dataclasses import replace
 from typing import Any
@@ -22,7 +23,6 @@ import ledger.store
 from hookledger import migrate
 from ledger.chain import check_chain
 from ledger.store import append_in
-from tests.build_under_test import HOOKLEDGER
 from tests.dbutil import tenant_in_public
 from tests.projection_events import new_event
 
@@ -64,7 +64,7 @@ def tamper(url: str, position: int, edit: str = PAYLOAD_EDIT) -> None:
 def verify_command(url: str, *command: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKLEDGER_")}
     env["HOOKLEDGER_DATABASE_URL"] = url
-    return subprocess.run([*HOOKLEDGER, *(command or ("verify",))],
+    return subprocess.run([sys.executable, "-m", "hookledger", *(command or ("verify",))],
                           env=env, capture_output=True, text=True, timeout=120)
 
 

@@ -40,7 +40,6 @@ from ingest.chat_rotation import (
 from ingest.chat_secrets import fingerprint
 from ledger import LedgerUnavailable
 from sandbox.runner import Sandbox, running_sandbox
-from tests.build_under_test import HOOKLEDGER
 from tests.chat_events import PHONE, encode, inbound
 from tests.chat_live import (
     ADMIN_TOKEN,
@@ -324,11 +323,12 @@ def test_store_secret_typed_in_another_encoding_is_a_message_not_a_traceback(
     as lone surrogates (a UnicodeEncodeError traceback from its label) or was not decoded
     at all (a UnicodeDecodeError traceback): each named a byte of the secret."""
     import subprocess
+    import sys
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKLEDGER_")}
     env.update(HOOKLEDGER_DATABASE_URL=db_url, HOOKLEDGER_HOME=str(tmp_path),
                PYTHONIOENCODING=f"utf-8:{stdin_errors}")
-    done = subprocess.run([*HOOKLEDGER, "chat", "store-secret", PHONE],
+    done = subprocess.run([sys.executable, "-m", "hookledger", "chat", "store-secret", PHONE],
                           input=b"secret-\xffbytes\n", env=env, capture_output=True,
                           timeout=60)
     errors = done.stderr.decode(errors="replace")

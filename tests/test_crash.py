@@ -25,7 +25,6 @@ from psycopg.conninfo import conninfo_to_dict
 from hookledger import migrate
 from hookledger.embedded_postgres import EmbeddedPostgres
 from projections.rebuild import verify
-from tests.build_under_test import HOOKLEDGER
 from tests.fault_report import record
 from tests.general_events import encode, general_body
 from tests.signing import general_header
@@ -43,7 +42,7 @@ def serve(db_url: str, home: Path, port: int) -> subprocess.Popen[bytes]:
                HOOKLEDGER_LOG_LEVEL="warning", HOOKLEDGER_LOG_FORMAT="json")
     log = open(home / f"serve-{port}.log", "ab")
     # a file, not a pipe: a pipe nobody reads fills up and blocks the service's logging
-    return subprocess.Popen([*HOOKLEDGER, "serve"], env=env,
+    return subprocess.Popen([sys.executable, "-m", "hookledger", "serve"], env=env,
                             stdout=subprocess.DEVNULL, stderr=log)
 
 
@@ -246,7 +245,7 @@ def test_sigterm_under_load_with_workers_and_the_embedded_database(tmp_path: Pat
                HOOKLEDGER_GENERAL_SECRETS=f"main={SECRET}", HOOKLEDGER_WORKERS="2",
                HOOKLEDGER_LOG_LEVEL="warning", HOOKLEDGER_ADMIN_TOKEN="admin-token")
     with open(tmp_path / "serve.log", "ab") as log:
-        proc = subprocess.Popen([*HOOKLEDGER, "serve"], env=env,
+        proc = subprocess.Popen([sys.executable, "-m", "hookledger", "serve"], env=env,
                                 stdout=subprocess.DEVNULL, stderr=log)
     wait_ready(port, proc, timeout=120)
     with Load(port, "W") as load:

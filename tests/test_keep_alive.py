@@ -12,6 +12,7 @@ import contextlib
 import os
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +21,6 @@ import pytest
 
 from hookledger.http_protocol import MAX_HEAD_BYTES
 from hookledger.settings import Settings
-from tests.build_under_test import HOOKLEDGER
 from tests.live import running_service
 from tests.test_serve_process import free_port, wait_ready
 
@@ -85,7 +85,7 @@ def serving(db_url: str, tmp_path: Path) -> Iterator[int]:
     env.update(HOOKLEDGER_DATABASE_URL=db_url, HOOKLEDGER_HOME=str(tmp_path),
                HOOKLEDGER_PORT=str(port), HOOKLEDGER_LOG_LEVEL="warning",
                HOOKLEDGER_KEEP_ALIVE_S="2", HOOKLEDGER_RECONCILE_INTERVAL_S="3600")
-    proc = subprocess.Popen([*HOOKLEDGER, "serve"], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "hookledger", "serve"], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_ready(port, proc)

@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,6 @@ from projections.live import (
     leader_query,
 )
 from projections.projector import lock_checkpoint
-from tests.build_under_test import HOOKLEDGER
 from tests.dbutil import database_read_only
 from tests.projection_events import new_event
 from tests.relay import SocketRelay
@@ -205,7 +205,7 @@ def test_sigterm_ends_hookledger_project_while_the_database_is_silent_mid_statem
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKLEDGER_")}
     env.update(HOOKLEDGER_HOME=str(tmp_path), HOOKLEDGER_LOG_FORMAT="json",
                HOOKLEDGER_DATABASE_URL=relay.postgresql_url)
-    proc = subprocess.Popen([*HOOKLEDGER, "project"], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "hookledger", "project"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 30

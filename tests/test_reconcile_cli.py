@@ -8,6 +8,7 @@ import resource
 import signal
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import psycopg
@@ -16,7 +17,6 @@ from click.testing import CliRunner
 
 from hookledger.cli import main
 from sandbox.runner import running_sandbox
-from tests.build_under_test import HOOKLEDGER
 from tests.dbutil import database_read_only
 from tests.reconcile_helpers import API_KEY, CountingState, body
 
@@ -28,7 +28,7 @@ def report_command(db_url: str, tmp_path: Path, fmt: str, *, buffered: bool = Fa
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKLEDGER_")
            and not (buffered and k == "PYTHONUNBUFFERED")}
     env.update(HOOKLEDGER_DATABASE_URL=db_url, HOOKLEDGER_HOME=str(tmp_path / "home"))
-    return subprocess.Popen([*HOOKLEDGER, "report", "--format", fmt],
+    return subprocess.Popen([sys.executable, "-m", "hookledger", "report", "--format", fmt],
                             env=env, stdout=subprocess.PIPE, stderr=stderr)
 
 
@@ -251,7 +251,7 @@ def test_a_report_the_disk_cannot_hold_leaves_the_previous_one_whole(
         resource.setrlimit(resource.RLIMIT_FSIZE,
                            (1024, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
 
-    done = subprocess.run([*HOOKLEDGER, "report", "--format", "html",
+    done = subprocess.run([sys.executable, "-m", "hookledger", "report", "--format", "html",
                            "--out", str(out)], env=env, capture_output=True, text=True,
                           preexec_fn=small_disk, timeout=120)
     assert done.returncode == 2, done.stderr
@@ -401,7 +401,7 @@ def test_a_report_on_standard_output_is_utf8_whatever_its_encoding(
     env.update(HOOKLEDGER_DATABASE_URL=db_url, HOOKLEDGER_HOME=str(tmp_path / "home"),
                PYTHONIOENCODING="latin-1")
     for fmt in ("html", "md", "csv", "json"):
-        done = subprocess.run([*HOOKLEDGER, "report", "--format", fmt],
+        done = subprocess.run([sys.executable, "-m", "hookledger", "report", "--format", fmt],
                               env=env, capture_output=True, timeout=60)
         assert done.returncode == 0, done.stderr.decode(errors="replace")[-400:]
         text = done.stdout.decode("utf-8")

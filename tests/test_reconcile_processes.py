@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 
 import pytest
 
 from sandbox.faults import FaultSettings
 from sandbox.runner import running_sandbox
-from tests.build_under_test import HOOKLEDGER
 from tests.reconcile_helpers import API_KEY, CountingState, body, expect, rows
 
 pytestmark = pytest.mark.slow
@@ -29,7 +29,7 @@ def test_two_processes_reconciling_at_once_run_one_pass(db_url: str) -> None:
         env.update(HOOKLEDGER_DATABASE_URL=db_url, HOOKLEDGER_API_BASE_URL=api.url,
                    HOOKLEDGER_API_KEY=API_KEY, HOOKLEDGER_API_CONCURRENCY="1",
                    HOOKLEDGER_LOG_LEVEL="warning")
-        procs = [subprocess.Popen([*HOOKLEDGER, "reconcile"], env=env,
+        procs = [subprocess.Popen([sys.executable, "-m", "hookledger", "reconcile"], env=env,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                  for _ in range(2)]
         outputs = [proc.communicate(timeout=120) for proc in procs]

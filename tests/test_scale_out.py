@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -13,7 +14,6 @@ import httpx
 import psycopg
 import pytest
 
-from tests.build_under_test import HOOKLEDGER
 from tests.fault_report import FIGURES
 from tests.general_events import encode, general_body
 from tests.signing import general_header
@@ -29,7 +29,7 @@ def serve(db_url: str, home: Path, port: int) -> subprocess.Popen[bytes]:
     env.update(HOOKLEDGER_DATABASE_URL=db_url, HOOKLEDGER_HOME=str(home),
                HOOKLEDGER_PORT=str(port), HOOKLEDGER_GENERAL_SECRETS=f"main={SECRET}",
                HOOKLEDGER_ADMIN_TOKEN=TOKEN, HOOKLEDGER_LOG_LEVEL="warning")
-    return subprocess.Popen([*HOOKLEDGER, "serve"], env=env,
+    return subprocess.Popen([sys.executable, "-m", "hookledger", "serve"], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 

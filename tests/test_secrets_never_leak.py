@@ -8,6 +8,7 @@ import gzip
 import json
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +19,6 @@ import structlog
 from hookledger import logs
 from reconcile.report_files import report_for
 from reconcile.report_render import FORMATS, render
-from tests.build_under_test import HOOKLEDGER
 from tests.general_events import encode, general_body
 from tests.live import running_service
 from tests.signing import general_header
@@ -136,7 +136,7 @@ def test_a_database_password_libpq_cannot_read_is_never_printed(
     # run from a folder of its own (no hookledger.toml), this checkout's code
     env.update(HOOKLEDGER_HOME=str(tmp_path), HOOKLEDGER_DATABASE_URL=url,
                PYTHONPATH=str(Path(__file__).resolve().parents[1]))
-    result = subprocess.run([*HOOKLEDGER, *command], env=env,
+    result = subprocess.run([sys.executable, "-m", "hookledger", *command], env=env,
                             capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert result.returncode == 2, result.stderr[-2000:]
     assert "HOOKLEDGER_DATABASE_URL" in result.stderr

@@ -9,6 +9,7 @@ import select
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,6 @@ import psycopg
 import pytest
 
 from hookledger.embedded_postgres import pid_alive
-from tests.build_under_test import HOOKLEDGER
 from tests.general_events import encode, general_body
 from tests.signing import general_header
 
@@ -39,7 +39,7 @@ def hookledger(home: Path, *args: str, port: int | None = None, workers: int = 1
                HOOKLEDGER_PORT=str(free_port() if port is None else port),
                HOOKLEDGER_LOG_FORMAT="json",
                HOOKLEDGER_WORKERS=str(workers), **(settings or {}))
-    return subprocess.Popen([*HOOKLEDGER, *args], env=env,
+    return subprocess.Popen([sys.executable, "-m", "hookledger", *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)  # type: ignore[call-overload]
 
 
@@ -59,7 +59,7 @@ def wait_ready(port: int, proc: subprocess.Popen[bytes], timeout: float = 60) ->
 
 def database_url(home: Path) -> str:
     """The URL of a home's embedded database, as a user gets it (``hookledger db url``)."""
-    return subprocess.run([*HOOKLEDGER, "db", "url"],
+    return subprocess.run([sys.executable, "-m", "hookledger", "db", "url"],
                           env={**os.environ, "HOOKLEDGER_HOME": str(home)},
                           capture_output=True, text=True, check=True).stdout.strip()
 
@@ -230,7 +230,7 @@ def test_bad_configuration_names_the_key_and_never_echoes_a_value(tmp_path: Path
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKLEDGER_")}
     env.update(HOOKLEDGER_HOME=str(tmp_path), HOOKLEDGER_GENERAL_SECRETS="oops-no-equals-s3cret",
                HOOKLEDGER_PORT="eighty")
-    result = subprocess.run([*HOOKLEDGER, "migrate"], env=env,
+    result = subprocess.run([sys.executable, "-m", "hookledger", "migrate"], env=env,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert "HOOKLEDGER_GENERAL_SECRETS" in result.stderr and "HOOKLEDGER_PORT" in result.stderr
@@ -307,7 +307,7 @@ def test_a_chat_number_or_secret_the_store_refuses_is_a_configuration_error(
         tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKLEDGER_")}
     env.update(HOOKLEDGER_HOME=str(tmp_path), HOOKLEDGER_CHAT_SECRETS="1" * 70 + "=s3cret")
-    result = subprocess.run([*HOOKLEDGER, "migrate"], env=env,
+    result = subprocess.run([sys.executable, "-m", "hookledger", "migrate"], env=env,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert "HOOKLEDGER_CHAT_SECRETS" in result.stderr

@@ -312,9 +312,7 @@ def test_unknown_variables_are_named_with_the_setting_they_likely_meant() -> Non
     environ = {"HOOKLEDGER_GENERAL_SECRET": "main=s3cret", "HOOKLEDGER_PORT": "8080",
                "hookledger_log_levle": "info", "HOOKLEDGER_FROBNICATE": "1",
                "HOOKLEDGER_TEST_DATABASE_URL": "x", "HOOKLEDGER_BENCH_RESULTS": "x",
-               "HOOKLEDGER_INTERNAL_SUPERVISOR_PID": "1", "PATH": "/bin",
-               # read by setup.py when installing, and often left in the shell after it
-               "HOOKLEDGER_BUILD_PURE_PYTHON": "1"}
+               "HOOKLEDGER_INTERNAL_SUPERVISOR_PID": "1", "PATH": "/bin"}
     assert unknown_variables(environ, Settings.model_fields) == [
         ("HOOKLEDGER_FROBNICATE", None),
         ("HOOKLEDGER_GENERAL_SECRET", "HOOKLEDGER_GENERAL_SECRETS"),
