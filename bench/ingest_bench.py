@@ -9,6 +9,8 @@
    ``--rounds`` times (3), alternating, and the table keeps the median req/s and p50: this
    machine's speed drifts by the minute (the bare endpoint alone measured 3,551 to 8,465
    req/s across one day's runs), and one pair showed the drift as much as the difference.
+   Which contender goes first alternates too (:func:`round_order`), since the drift
+   within a round favoured the one measured later.
    The ratio is the median of each round's own ratio; p99 is the worst round's. Rounds
    after the first start with the earlier rounds' events in the ledger (under 200,000;
    the scaling run below has 5,000,000). After each run the ledger is counted against the
@@ -21,7 +23,8 @@
 3. **scaling**: a second database on the same server is filled to ``--scale-events`` events
    (server side, through the ledger's own trigger, with dedupe keys spread as real ones
    are), and hookledger is measured on it and on a third, empty one in ``--scale-rounds``
-   pairs (2), alternating; the figure is the median of the pairs' ratios.
+   pairs (2), alternating, each first in one pair; the figure is the median of the pairs'
+   ratios.
 4. **memory**: hookledger's resident memory, sampled during the loads, and before and
    after a soak at a steady rate (``--soak-seconds``, 10 minutes by default).
 5. **start-up**: ``hookledger serve`` on a fresh home, embedded database included, until
@@ -57,7 +60,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import psycopg
@@ -78,6 +81,7 @@ SECRET = "bench-secret"
 PATH = "/webhooks/general/main"
 LUA = Path(__file__).with_name("wrk_presigned.lua")
 ROOT = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
 
 
 def signature(raw: bytes) -> str:
@@ -496,8 +500,8 @@ def measure(seconds: float, connections: int, scale_events: int, fixed_rate: int
 
         def checked(name: str, r: int) -> str:  # each round is checked on its own
             return f"{name}_round{r + 1}" if rounds > 1 else name
-        for r in range(rounds):
-            last = r == rounds - 1
+
+        def bare_round(r: int, last: bool) -> None:
             port = free_port()
             with bare_endpoint(url, port):
                 load("warm-up", port, f"BW{r}", 2000)
@@ -508,17 +512,23 @@ def measure(seconds: float, connections: int, scale_events: int, fixed_rate: int
                 if last:
                     rows.append(median_of(bare_label + of_rounds, bare_runs))
                     rows.append(fixed(f"bare endpoint at {fixed_rate}/s", port, "BF"))
-            if off_url is not None:
-                port = free_port()
-                with tempfile.TemporaryDirectory(prefix="hookledger-home-") as home, \
-                        hookledger(off_url, port, Path(home),
-                                   {**service, "HOOKLEDGER_PROJECTOR": "off"}):
-                    load("warm-up", port, f"OW{r}", 2000)
-                    off_runs.append(load(off_label, port, f"OM{r}", per_run))
-                    checks[checked("ledger_vs_2xx_projector_off", r)] = [
-                        ledger_count(off_url, f"OM{r}"), off_runs[-1].ok]
-                if last:
-                    rows.append(median_of(off_label + of_rounds, off_runs))
+
+        def off_round(r: int, last: bool) -> None:
+            if off_url is None:
+                return
+            port = free_port()
+            with tempfile.TemporaryDirectory(prefix="hookledger-home-") as home, \
+                    hookledger(off_url, port, Path(home),
+                               {**service, "HOOKLEDGER_PROJECTOR": "off"}):
+                load("warm-up", port, f"OW{r}", 2000)
+                off_runs.append(load(off_label, port, f"OM{r}", per_run))
+                checks[checked("ledger_vs_2xx_projector_off", r)] = [
+                    ledger_count(off_url, f"OM{r}"), off_runs[-1].ok]
+            if last:
+                rows.append(median_of(off_label + of_rounds, off_runs))
+
+        def our_round(r: int, last: bool) -> None:
+            nonlocal peak_rss
             port = free_port()
             with contextlib.ExitStack() as stack:
                 home = stack.enter_context(
@@ -529,15 +539,10 @@ def measure(seconds: float, connections: int, scale_events: int, fixed_rate: int
                 our_runs.append(load(our_label, port, f"HM{r}", per_run))
                 checks[checked("ledger_vs_2xx", r)] = [ledger_count(url, f"HM{r}"),
                                                        our_runs[-1].ok]
-                caught_up = settle(url)
-                off = (f" (projector off: {off_runs[-1].rate:,.0f} req/s)"
-                       if off_url is not None else "")
-                print(f"  round {r + 1}/{rounds}: bare {bare_runs[-1].rate:,.0f} req/s, "
-                      f"hookledger {our_runs[-1].rate:,.0f} req/s{off}; projector caught up "
-                      f"{caught_up:.1f} s after", flush=True)
+                caught_up.append(settle(url))
                 if not last:
                     peak_rss = max(peak_rss, rss.peak_mib)
-                    continue
+                    return
                 # the last round's service goes on: steady rates, then the soak
                 rows.append(median_of(our_label + of_rounds, our_runs))
                 rows.append(fixed(f"hookledger at {fixed_rate}/s", port, "HF"))
@@ -564,6 +569,17 @@ def measure(seconds: float, connections: int, scale_events: int, fixed_rate: int
                 rows.append(soaked)
                 checks["ledger_vs_2xx_soak"] = [ledger_count(url, "HS"), soaked.ok]
 
+        caught_up: list[float] = []
+        for r in range(rounds):
+            last = r == rounds - 1
+            for contender in round_order(r, rounds, [bare_round, off_round, our_round]):
+                contender(r, last)
+            off = (f" (projector off: {off_runs[-1].rate:,.0f} req/s)"
+                   if off_url is not None else "")
+            print(f"  round {r + 1}/{rounds}: bare {bare_runs[-1].rate:,.0f} req/s, "
+                  f"hookledger {our_runs[-1].rate:,.0f} req/s{off}; projector caught up "
+                  f"{caught_up[-1]:.1f} s after", flush=True)
+
         if scale_events:
             # Two more databases on the same server: one empty, one holding the large
             # ledger. Measured in pairs, alternating, as the bare endpoint's ratio is: the
@@ -585,9 +601,9 @@ def measure(seconds: float, connections: int, scale_events: int, fixed_rate: int
                 small_runs: list[Load] = []
                 large_runs: list[Load] = []
                 for r in range(scale_rounds):
-                    for target, tag, label, runs in (
+                    for target, tag, label, runs in round_order(r, scale_rounds, [
                             (empty_url, f"SE{r}", small_label, small_runs),
-                            (large_url, f"SM{r}", large_label, large_runs)):
+                            (large_url, f"SM{r}", large_label, large_runs)]):
                         port = free_port()
                         with tempfile.TemporaryDirectory(prefix="hookledger-home-") as home, \
                                 hookledger(target, port, Path(home), service):
@@ -630,6 +646,15 @@ def measure(seconds: float, connections: int, scale_events: int, fixed_rate: int
             if scale_ratios else 0.0
         figures["scaled_rounds"] = [round(x, 2) for x in scale_ratios]
     return figures
+
+
+def round_order(r: int, rounds: int, contenders: list[T]) -> list[T]:
+    """Round ``r``'s order of the contenders: as given in the last round (whose service
+    goes on to the fixed-rate loads and the soak) and every second round before it,
+    reversed in the others. The machine's speed drifts within a round too, and the one
+    measured later in a round tended to answer more (eight rounds of eleven, on the EPYC
+    machine of 2026-11-30): a fixed order read that drift as a difference between them."""
+    return list(contenders) if (rounds - 1 - r) % 2 == 0 else contenders[::-1]
 
 
 def paired_ratios(bare_runs: list[Load], our_runs: list[Load]) -> list[float]:
