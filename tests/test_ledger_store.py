@@ -279,23 +279,18 @@ async def test_an_appending_session_commits_durably_whatever_the_database_defaul
     assert shown == (pinned, "read committed")
 
 
-def test_the_ingest_pool_commits_durably_on_a_database_whose_default_is_off(
+async def test_the_ingest_pool_commits_durably_on_a_database_whose_default_is_off(
         db_url: str, tmp_path: Any) -> None:
-    """The pool ``serve`` answers deliveries from, not only the function it is set up with."""
-    from starlette.testclient import TestClient
-
+    """The pool ``serve`` answers deliveries from, not only the function it is set up with
+    (set up by the app's own start-up, its lifespan)."""
     from hookledger.app import create_app
     from hookledger.settings import Settings
 
-    with psycopg.connect(db_url, autocommit=True) as conn:
-        conn.execute(psycopg.sql.SQL("ALTER DATABASE {} SET synchronous_commit = off")
-                     .format(psycopg.sql.Identifier(conn.info.dbname)))
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+        await conn.execute(psycopg.sql.SQL("ALTER DATABASE {} SET synchronous_commit = off")
+                           .format(psycopg.sql.Identifier(conn.info.dbname)))
     app = create_app(Settings(database_url=db_url, home=tmp_path), db_url)
-
-    async def pool_setting() -> str:
-        async with app.state.runtime.pool.connection() as conn:
-            row = await (await conn.execute("SHOW synchronous_commit")).fetchone()
-            return str(row[0])
-
-    with TestClient(app) as client:
-        assert client.portal.call(pool_setting) == "on"
+    async with app.app.router.lifespan_context(app.app), \
+            app.state.runtime.pool.connection() as conn:
+        row = await (await conn.execute("SHOW synchronous_commit")).fetchone()
+    assert row == ("on",)
