@@ -44,10 +44,17 @@ def fold_message(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrep
         "error_title": None, "updated_at": None, "winner": None, "provenance": {},
         "received_at": None, "sent_at": None, "delivered_at": None, "read_at": None,
         "failed_at": None, "event_count": 0, "last_position": 0}
+    failure = _failure_mark(state)
     if state["winner"] is None or key > key_from_json(state["winner"]):
-        state.update(status=status, code=facts.get("code"), updated_at=event.occurred_at,
-                     error_code=facts.get("error_code"), error_title=facts.get("error_title"),
-                     winner=key_to_json(key))
+        state.update(status=status, updated_at=event.occurred_at, winner=key_to_json(key))
+        if failure is None:  # a cause, once given, is kept (below)
+            state.update(code=facts.get("code"), error_code=facts.get("error_code"),
+                         error_title=facts.get("error_title"))
+    if status == "failed" and _has_cause(facts) and (
+            failure is None or key > key_from_json(failure)):
+        state.update(code=facts.get("code"), error_code=facts.get("error_code"),
+                     error_title=facts.get("error_title"))
+        state["provenance"] = {**state["provenance"], FAILURE_MARK: key_to_json(key)}
     column = f"{status}_at"
     if event.occurred_at is not None and (
             state[column] is None or event.occurred_at < state[column]):
@@ -70,6 +77,26 @@ def fold_message(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrep
     state["event_count"] += 1
     state["last_position"] = max(state["last_position"], event.position)
     return state, []
+
+
+# where ``provenance`` keeps the key of the failed status whose cause the row shows
+FAILURE_MARK = "failure"
+
+
+def _has_cause(facts: dict[str, Any]) -> bool:
+    return facts.get("error_code") is not None or facts.get("error_title") is not None
+
+
+def _failure_mark(state: Row) -> list[Any] | None:
+    """The key of the failed status whose cause (code, error code and title, taken
+    together) the row shows: the latest failed status that gave one. A provider reporting
+    a message failed a second time without ``errors`` replaced the cause with none. A row
+    folded before the mark was kept has its winner's, when that is a failure with a cause."""
+    mark = state["provenance"].get(FAILURE_MARK)
+    if mark is None and state["status"] == "failed" and (
+            state["error_code"] is not None or state["error_title"] is not None):
+        return state["winner"]
+    return mark
 
 
 def thread_keys(event: StoredEvent) -> list[str]:

@@ -85,6 +85,27 @@ def test_failed_is_terminal_with_its_mapped_cause() -> None:
             "failed", 95063, "131047", "Re-engagement message")
 
 
+def test_a_later_failed_status_without_a_cause_keeps_the_earlier_ones_cause() -> None:
+    """The provider may report a message failed twice; the second report without
+    ``errors`` said nothing new, and the cause (why the message never arrived) was lost."""
+    caused = chat_event(status("m4", "failed", T0 + 5, (131047, "Re-engagement message")))
+    bare = chat_event(status("m4", "failed", T0 + 60))
+    for order in ([caused, bare], [bare, caused]):
+        row = fold(order, message_keys, fold_message)["m4"]
+        assert (row["status"], row["code"], row["error_code"], row["error_title"]) == (
+            "failed", 95063, "131047", "Re-engagement message")
+        assert row["updated_at"] == datetime.fromtimestamp(T0 + 60, UTC)
+
+
+def test_of_two_failed_statuses_with_causes_the_later_ones_cause_counts_whole() -> None:
+    first = chat_event(status("m5", "failed", T0 + 5, (131047, "Re-engagement message")))
+    second = chat_event(status("m5", "failed", T0 + 9, (131026, "Message undeliverable")))
+    for order in ([first, second], [second, first]):
+        row = fold(order, message_keys, fold_message)["m5"]
+        assert (row["error_code"], row["error_title"]) == ("131026", "Message undeliverable")
+        assert row["code"] == second.facts["code"]
+
+
 def test_an_unmapped_platform_error_is_95050() -> None:
     row = fold([chat_event(status("m3", "failed", T0, (999999, "???")))], message_keys,
                fold_message)["m3"]
