@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from ingest.chat_body import DeliveryMeta, read_chat
 from ledger import StoredEvent
 from projections.chat_folds import (
+    FAILURE_MARK,
     STATUS_RANK,
     fold_message,
     fold_thread,
@@ -95,6 +96,16 @@ def test_a_later_failed_status_without_a_cause_keeps_the_earlier_ones_cause() ->
         assert (row["status"], row["code"], row["error_code"], row["error_title"]) == (
             "failed", 95063, "131047", "Re-engagement message")
         assert row["updated_at"] == datetime.fromtimestamp(T0 + 60, UTC)
+
+
+def test_a_row_folded_before_the_cause_was_marked_keeps_its_cause_too() -> None:
+    caused = chat_event(status("m6", "failed", T0 + 5, (131047, "Re-engagement message")))
+    row, _ = fold_message(None, caused)
+    old = {**row, "provenance": {k: v for k, v in row["provenance"].items()
+                                 if k != FAILURE_MARK}}
+    assert FAILURE_MARK in row["provenance"] and FAILURE_MARK not in old["provenance"]
+    later, _ = fold_message(old, chat_event(status("m6", "failed", T0 + 60)))
+    assert (later["code"], later["error_code"]) == (95063, "131047")
 
 
 def test_of_two_failed_statuses_with_causes_the_later_ones_cause_counts_whole() -> None:
