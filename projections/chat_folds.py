@@ -48,12 +48,10 @@ def fold_message(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrep
     if state["winner"] is None or key > key_from_json(state["winner"]):
         state.update(status=status, updated_at=event.occurred_at, winner=key_to_json(key))
         if failure is None:  # a cause, once given, is kept (below)
-            state.update(code=facts.get("code"), error_code=facts.get("error_code"),
-                         error_title=facts.get("error_title"))
+            state.update(_cause_of(facts))
     if status == "failed" and _has_cause(facts) and (
             failure is None or key > key_from_json(failure)):
-        state.update(code=facts.get("code"), error_code=facts.get("error_code"),
-                     error_title=facts.get("error_title"))
+        state.update(_cause_of(facts))
         state["provenance"] = {**state["provenance"], FAILURE_MARK: key_to_json(key)}
     column = f"{status}_at"
     if event.occurred_at is not None and (
@@ -83,8 +81,16 @@ def fold_message(row: Row | None, event: StoredEvent) -> tuple[Row, list[Discrep
 FAILURE_MARK = "failure"
 
 
-def _has_cause(facts: dict[str, Any]) -> bool:
-    return facts.get("error_code") is not None or facts.get("error_title") is not None
+CAUSE = ("code", "error_code", "error_title")  # a row's cause, taken from one status
+
+
+def _cause_of(facts: dict[str, Any]) -> Row:
+    return {name: facts.get(name) for name in CAUSE}
+
+
+def _has_cause(fields: dict[str, Any]) -> bool:
+    """Whether an event's facts, or a row, give a failure's cause (not only its code)."""
+    return fields.get("error_code") is not None or fields.get("error_title") is not None
 
 
 def _failure_mark(state: Row) -> list[Any] | None:
@@ -93,8 +99,7 @@ def _failure_mark(state: Row) -> list[Any] | None:
     a message failed a second time without ``errors`` replaced the cause with none. A row
     folded before the mark was kept has its winner's, when that is a failure with a cause."""
     mark = state["provenance"].get(FAILURE_MARK)
-    if mark is None and state["status"] == "failed" and (
-            state["error_code"] is not None or state["error_title"] is not None):
+    if mark is None and state["status"] == "failed" and _has_cause(state):
         return state["winner"]
     return mark
 

@@ -77,11 +77,17 @@ def test_read_arriving_before_delivered_keeps_read_and_both_times() -> None:
     assert row["direction"] == "outbound"
 
 
+def in_both_orders(first: StoredEvent, second: StoredEvent) -> list[Row]:
+    """The message row the two events fold into, in each order they can arrive in."""
+    (key,) = message_keys(first)
+    return [fold(order, message_keys, fold_message)[key]
+            for order in ([first, second], [second, first])]
+
+
 def test_failed_is_terminal_with_its_mapped_cause() -> None:
     failed = chat_event(status("m2", "failed", T0 + 5, (131047, "Re-engagement message")))
     later = chat_event(status("m2", "read", T0 + 50))
-    for order in ([failed, later], [later, failed]):
-        row = fold(order, message_keys, fold_message)["m2"]
+    for row in in_both_orders(failed, later):
         assert (row["status"], row["code"], row["error_code"], row["error_title"]) == (
             "failed", 95063, "131047", "Re-engagement message")
 
@@ -91,8 +97,7 @@ def test_a_later_failed_status_without_a_cause_keeps_the_earlier_ones_cause() ->
     ``errors`` said nothing new, and the cause (why the message never arrived) was lost."""
     caused = chat_event(status("m4", "failed", T0 + 5, (131047, "Re-engagement message")))
     bare = chat_event(status("m4", "failed", T0 + 60))
-    for order in ([caused, bare], [bare, caused]):
-        row = fold(order, message_keys, fold_message)["m4"]
+    for row in in_both_orders(caused, bare):
         assert (row["status"], row["code"], row["error_code"], row["error_title"]) == (
             "failed", 95063, "131047", "Re-engagement message")
         assert row["updated_at"] == datetime.fromtimestamp(T0 + 60, UTC)
@@ -111,8 +116,7 @@ def test_a_row_folded_before_the_cause_was_marked_keeps_its_cause_too() -> None:
 def test_of_two_failed_statuses_with_causes_the_later_ones_cause_counts_whole() -> None:
     first = chat_event(status("m5", "failed", T0 + 5, (131047, "Re-engagement message")))
     second = chat_event(status("m5", "failed", T0 + 9, (131026, "Message undeliverable")))
-    for order in ([first, second], [second, first]):
-        row = fold(order, message_keys, fold_message)["m5"]
+    for row in in_both_orders(first, second):
         assert (row["error_code"], row["error_title"]) == ("131026", "Message undeliverable")
         assert row["code"] == second.facts["code"]
 
